@@ -1,0 +1,41 @@
+# `make demo` and `make test` work on a fresh machine: they create .venv and install what they need.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# A CPU build of torch. A looser requirement would pull a multi-GB CUDA build here; on a GPU machine
+# override it, e.g. `make test TORCH_SPEC=torch`.
+TORCH_SPEC ?= torch==2.13.0
+export OMP_NUM_THREADS ?= 1
+
+.PHONY: demo test lint typecheck pytest bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $@
+
+demo: $(VENV)/.installed
+	$(BIN)/paratrain demo
+
+lint: $(VENV)/.installed
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+typecheck: $(VENV)/.installed
+	$(BIN)/mypy --strict src/
+
+pytest: $(VENV)/.installed
+	$(BIN)/pytest -q -m "not dist"
+	$(BIN)/pytest -q -m dist
+
+test: lint typecheck pytest
+
+bench: $(VENV)/.installed
+	$(BIN)/python benchmarks/overhead.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache
