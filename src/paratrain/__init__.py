@@ -1,0 +1,31 @@
+"""paratrain: PyTorch training on one or many GPUs (and machines), correct by default.
+
+    import paratrain as pt
+
+    with pt.Run(strategy="auto", precision="bf16") as run:
+        model, optimizer = run.setup(model, optimizer)
+        ...
+
+See :class:`paratrain.Run` for the training loop, ``paratrain --help`` for the command line.
+"""
+
+from paratrain.config import RunConfig
+from paratrain.data import ExactOnceSampler, to_device
+from paratrain.errors import ConfigError, EnvironmentMismatchError, ModelError, ParatrainError
+from paratrain.run import Run
+from paratrain.topology import Topology
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigError",
+    "EnvironmentMismatchError",
+    "ExactOnceSampler",
+    "ModelError",
+    "ParatrainError",
+    "Run",
+    "RunConfig",
+    "Topology",
+    "__version__",
+    "to_device",
+]

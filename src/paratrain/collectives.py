@@ -1,0 +1,59 @@
+"""Reduce metrics across ranks: sum, mean, max, min, and gather of any picklable object.
+
+    correct = run.reduce(correct, "sum")      # python numbers come back as python numbers
+    losses = run.gather(loss.item())          # [rank0_value, rank1_value, ...] on every rank
+
+In a one-process job these return their input unchanged (gather returns ``[value]``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from paratrain.errors import ConfigError
+
+Number = TypeVar("Number", int, float, torch.Tensor)
+
+_OPS = {
+    "sum": dist.ReduceOp.SUM,
+    "mean": dist.ReduceOp.SUM,
+    "max": dist.ReduceOp.MAX,
+    "min": dist.ReduceOp.MIN,
+}
+
+
+def _active() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def reduce(value: Number, op: str = "sum", *, device: torch.device | None = None) -> Number:
+    """All-reduce ``value`` over ranks with ``op`` (sum, mean, max, min); every rank gets it."""
+    if op not in _OPS:
+        raise ConfigError(f"Unknown reduce op {op!r}. Available: {', '.join(_OPS)}.")
+    if not _active():
+        return value
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().clone()
+    else:
+        dtype = torch.float64 if isinstance(value, float) or op == "mean" else torch.int64
+        tensor = torch.tensor(value, dtype=dtype, device=device)
+    if dist.get_backend() == "nccl" and tensor.device.type != "cuda":
+        tensor = tensor.to(device or torch.device("cuda", torch.cuda.current_device()))
+    dist.all_reduce(tensor, op=_OPS[op])
+    if op == "mean":
+        tensor = tensor / dist.get_world_size()
+    if isinstance(value, torch.Tensor):
+        return tensor.to(value.device)
+    return tensor.item()  # type: ignore[return-value]
+
+
+def gather(value: Any) -> list[Any]:
+    """Every rank's ``value``, in rank order, on every rank."""
+    if not _active():
+        return [value]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return out

@@ -1,0 +1,92 @@
+"""Output that happens once per job, not once per rank: text, progress bars, scalars.
+
+    console = Console(is_main=rank == 0, run_dir="runs/exp", tensorboard=True, progress=True)
+    console.print("epoch 1 done")                  # main process only
+    for batch in console.progress(loader, desc="epoch 1"):
+        ...
+    console.log({"loss": 0.3}, step=10)            # metrics.jsonl (+ TensorBoard) on rank 0
+
+This is the one place the "only rank 0 prints or writes shared files" rule lives.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sized
+from pathlib import Path
+from typing import Any, TypeVar
+
+from paratrain.errors import EnvironmentMismatchError
+
+T = TypeVar("T")
+
+
+class Console:
+    """Rank-aware printing, progress and scalar logging."""
+
+    def __init__(
+        self, *, is_main: bool, run_dir: str | Path, tensorboard: bool, progress: bool
+    ) -> None:
+        self.is_main = is_main
+        self.run_dir = Path(run_dir)
+        self.show_progress = progress
+        self._writer: Any = None
+        self._metrics: Any = None
+        if is_main and tensorboard:
+            self._writer = _summary_writer(self.run_dir / "tensorboard")
+
+    def print(self, *values: object, sep: str = " ", end: str = "\n", file: Any = None) -> None:
+        """``print`` on the main process; a no-op elsewhere."""
+        if self.is_main:
+            print(*values, sep=sep, end=end, file=file or sys.stdout, flush=True)
+
+    def warn(self, message: str) -> None:
+        """A one-line warning on stderr from the main process."""
+        self.print(f"paratrain: warning: {message}", file=sys.stderr)
+
+    def progress(self, iterable: Iterable[T], *, desc: str | None = None) -> Iterator[T]:
+        """A tqdm bar on the main process (when enabled); the bare iterable elsewhere."""
+        if not (self.is_main and self.show_progress):
+            yield from iterable
+            return
+        from tqdm.auto import tqdm
+
+        total = len(iterable) if isinstance(iterable, Sized) else None
+        with tqdm(iterable, desc=desc, total=total, dynamic_ncols=True, leave=False) as bar:
+            yield from bar
+
+    def log(self, metrics: Mapping[str, float], *, step: int) -> None:
+        """Append ``metrics`` to ``run_dir/metrics.jsonl`` and TensorBoard (main process)."""
+        if not self.is_main:
+            return
+        if self._metrics is None:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._metrics = (self.run_dir / "metrics.jsonl").open("a", encoding="utf-8")
+        record = {"step": step, "time": time.time(), **{k: float(v) for k, v in metrics.items()}}
+        self._metrics.write(json.dumps(record) + "\n")
+        self._metrics.flush()
+        if self._writer is not None:
+            for key, value in metrics.items():
+                self._writer.add_scalar(key, float(value), step)
+
+    def close(self) -> None:
+        """Flush and close the files this console opened."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None
+
+
+def _summary_writer(log_dir: Path) -> Any:
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as err:
+        raise EnvironmentMismatchError(
+            "tensorboard=True needs the tensorboard package, which is not installed. Run "
+            "`pip install 'paratrain[tensorboard]'` or pass tensorboard=False."
+        ) from err
+    return SummaryWriter(log_dir=str(log_dir))

@@ -1,0 +1,150 @@
+"""Per-rank data loading with correct samplers, and batches delivered on the right device.
+
+    loader = run.loader(train_set, batch_size=32, shuffle=True)      # 32 samples per rank
+    for x, y in loader:          # on run.device; the sampler's epoch is set for you
+        ...
+    evaluation = run.eval_loader(test_set, batch_size=256)             # every sample exactly once
+
+Training: a ``DistributedSampler`` (also for one rank, so one seed gives one order everywhere)
+shuffles by ``(seed, epoch)``. Ranks see disjoint slices of one permutation; when the dataset does
+not divide by the world size, the sampler repeats the first few samples so every rank runs the
+same number of batches and no rank waits in a collective for one that has finished. Evaluation:
+:class:`ExactOnceSampler` never pads, so metrics reduced with ``run.reduce`` count each sample once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Iterator, Mapping, Sized
+from typing import Any, Generic, TypeVar
+
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, Sampler
+
+from paratrain.errors import ConfigError
+
+T = TypeVar("T")
+
+
+def to_device(batch: T, device: torch.device, *, non_blocking: bool = False) -> T:
+    """Move every tensor in ``batch`` (tensors, lists, tuples, namedtuples, dicts, dataclasses)."""
+    moved: Any
+    if isinstance(batch, torch.Tensor):
+        moved = batch.to(device, non_blocking=non_blocking)
+    elif isinstance(batch, Mapping):
+        moved = type(batch)(  # type: ignore[call-arg]
+            {k: to_device(v, device, non_blocking=non_blocking) for k, v in batch.items()}
+        )
+    elif isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        moved = type(batch)(*(to_device(v, device, non_blocking=non_blocking) for v in batch))
+    elif isinstance(batch, (list, tuple)):
+        moved = type(batch)(to_device(v, device, non_blocking=non_blocking) for v in batch)
+    elif dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        changes = {
+            f.name: to_device(getattr(batch, f.name), device, non_blocking=non_blocking)
+            for f in dataclasses.fields(batch)
+            if f.init
+        }
+        moved = dataclasses.replace(batch, **changes)
+    else:
+        moved = batch
+    return moved  # type: ignore[no-any-return]
+
+
+class ExactOnceSampler(Sampler[int]):
+    """Rank ``r`` of ``w`` gets indices ``r, r + w, r + 2w, ...``: no padding, no duplicates."""
+
+    def __init__(self, size: int, *, rank: int, world_size: int) -> None:
+        self.indices = range(rank, size, world_size)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+class DeviceLoader(Generic[T]):
+    """Wraps a DataLoader: sets the sampler epoch, moves batches, tracks the batches left."""
+
+    def __init__(
+        self, loader: DataLoader[Any], device: torch.device, epoch: Callable[[], int]
+    ) -> None:
+        self.loader = loader
+        self.device = device
+        self._epoch = epoch
+        self.batches_left: int | None = None
+        """Batches still to come in the current pass; None when the length is unknown."""
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    @property
+    def sampler(self) -> Any:
+        """The underlying sampler (a DistributedSampler for training loaders)."""
+        return self.loader.sampler
+
+    def __iter__(self) -> Iterator[Any]:
+        if isinstance(self.loader.sampler, DistributedSampler):
+            self.loader.sampler.set_epoch(self._epoch())
+        total = _length(self.loader)
+        non_blocking = bool(self.loader.pin_memory) and self.device.type == "cuda"
+        for index, batch in enumerate(self.loader):
+            self.batches_left = None if total is None else total - index - 1
+            yield to_device(batch, self.device, non_blocking=non_blocking)
+        self.batches_left = None
+
+
+def _length(loader: DataLoader[Any]) -> int | None:
+    try:
+        return len(loader)
+    except TypeError:
+        return None
+
+
+def check_batch_size(batch_size: object) -> int:
+    """Return ``batch_size`` or raise the error that explains per-rank batches."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+        raise ConfigError(
+            f"batch_size must be a positive integer, got {batch_size!r}. It is the per-rank "
+            "batch: with 4 ranks, batch_size=32 gives a global batch of 128."
+        )
+    return batch_size
+
+
+def default_workers(device: torch.device, local_world_size: int) -> int:
+    """0 on CPU (workers would compete with compute for cores), else min(4, cores per rank)."""
+    if device.type == "cpu":
+        return 0
+    return max(0, min(4, (os.cpu_count() or 1) // max(local_world_size, 1) - 1))
+
+
+def build_sampler(
+    dataset: Dataset[Any],
+    *,
+    train: bool,
+    shuffle: bool,
+    drop_last: bool,
+    seed: int,
+    rank: int,
+    world_size: int,
+) -> Sampler[int] | None:
+    """The sampler for a training (``DistributedSampler``) or evaluation loader."""
+    if isinstance(dataset, IterableDataset):
+        return None
+    if not isinstance(dataset, Sized):
+        raise ConfigError(
+            f"{type(dataset).__name__} has no __len__, so it cannot be split across ranks. "
+            "Give the dataset a __len__, or use an IterableDataset that shards itself by rank."
+        )
+    if not train:
+        return ExactOnceSampler(len(dataset), rank=rank, world_size=world_size)
+    return DistributedSampler(
+        dataset,
+        num_replicas=world_size,
+        rank=rank,
+        shuffle=shuffle,
+        seed=seed,
+        drop_last=drop_last,
+    )

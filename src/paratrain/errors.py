@@ -1,0 +1,24 @@
+"""Errors a user can trigger. Each message says what was wrong, what is allowed, and the fix.
+
+The CLI prints a ``ParatrainError`` as one paragraph and exits with code 2, never with a traceback::
+
+    raise ConfigError("batch_size must be a positive integer, got 0. Pass e.g. batch_size=32.")
+"""
+
+from __future__ import annotations
+
+
+class ParatrainError(Exception):
+    """Base class of every error caused by input, configuration or environment (not by a bug)."""
+
+
+class ConfigError(ParatrainError, ValueError):
+    """A setting is invalid or two settings cannot be combined."""
+
+
+class EnvironmentMismatchError(ParatrainError, RuntimeError):
+    """The machine cannot do what was asked (no GPU for ``cuda``, more ranks than GPUs, ...)."""
+
+
+class ModelError(ParatrainError, ValueError):
+    """The model cannot be used as given (no parameters, wrong state, ...)."""

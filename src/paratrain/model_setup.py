@@ -1,0 +1,78 @@
+"""What :meth:`paratrain.Run.setup` does to a model besides wrapping it.
+
+- :func:`check_model` refuses models that cannot train (no parameters, already wrapped).
+- :func:`forward_in_autocast` runs the model's forward under autocast, so a ``bf16`` run never
+  silently computes in fp32 because the user forgot a context manager.
+- :func:`rebind_optimizer` points an optimizer built on the plain model at the parameters the
+  strategy created (FSDP replaces every parameter by a sharded one).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+
+from paratrain.errors import ModelError
+from paratrain.precision import Precision
+
+_WRAPPERS = ("DistributedDataParallel", "DataParallel", "FullyShardedDataParallel")
+
+
+def check_model(model: nn.Module) -> None:
+    """Raise :class:`ModelError` for a model that ``Run.setup`` cannot train."""
+    if not isinstance(model, nn.Module):
+        raise ModelError(f"run.setup expects a torch.nn.Module, got {type(model).__name__}.")
+    if type(model).__name__ in _WRAPPERS or hasattr(model, "_paratrain_autocast"):
+        raise ModelError(
+            f"The model is already wrapped ({type(model).__name__}). Pass the plain module to "
+            "run.setup; it wraps it for the chosen strategy."
+        )
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ModelError(
+            f"{type(model).__name__} has no trainable parameters (nothing for the optimizer to "
+            "update, nothing for DDP/FSDP to synchronise). Check that layers are registered as "
+            "attributes or in nn.ModuleList (not a plain list), and that requires_grad is True."
+        )
+
+
+def forward_in_autocast(model: nn.Module, precision: Precision) -> None:
+    """Make ``model(...)`` run under ``precision.autocast()``; state-dict keys are unchanged."""
+    original = model.forward
+
+    @functools.wraps(original)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        with precision.autocast():
+            return original(*args, **kwargs)
+
+    model.forward = forward
+    model._paratrain_autocast = True  # type: ignore[assignment]
+
+
+def rebind_optimizer(
+    optimizer: Optimizer, names: dict[int, str], params: dict[str, nn.Parameter]
+) -> None:
+    """Replace each parameter in ``optimizer`` that the strategy swapped, matched by name."""
+    current = {id(p) for p in params.values()}
+    for group in optimizer.param_groups:
+        rebound: list[torch.Tensor] = []
+        for p in group["params"]:
+            if id(p) in current:
+                rebound.append(p)
+                continue
+            name = names.get(id(p))
+            if name is None or name not in params:
+                raise ModelError(
+                    "The optimizer holds a parameter that is not in the model given to run.setup. "
+                    "Build the optimizer from model.parameters() of that same model."
+                )
+            if optimizer.state.get(p):
+                raise ModelError(
+                    "The optimizer already has state (it has stepped) and the strategy replaces "
+                    "the parameters. Call run.setup(model, optimizer) before the first step."
+                )
+            rebound.append(params[name])
+        group["params"] = rebound

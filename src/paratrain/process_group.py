@@ -1,0 +1,71 @@
+"""Create and tear down the default process group, with a timeout on every collective.
+
+    created = init_process_group(topology, backend="gloo", timeout_s=600)
+    ...
+    destroy_process_group(created)
+
+An already initialised group (the user or a test harness made it) is adopted, not replaced, and
+left for its owner to destroy. A one-process job gets an in-memory store: no port is opened.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+import torch.distributed as dist
+
+from paratrain.errors import ConfigError, EnvironmentMismatchError
+from paratrain.topology import Topology
+
+
+def init_process_group(topology: Topology, *, backend: str, timeout_s: float) -> bool:
+    """Join the job's process group; return True when this call created it."""
+    if not dist.is_available():
+        raise EnvironmentMismatchError(
+            "torch.distributed is not available in this torch build. Install a standard torch "
+            "wheel (pip install torch) to train on several ranks."
+        )
+    if dist.is_initialized():
+        if dist.get_world_size() != topology.world_size and topology.source != "none":
+            raise ConfigError(
+                f"A process group of world size {dist.get_world_size()} already exists, but "
+                f"{topology.source} says {topology.world_size}. Create the Run before calling "
+                "dist.init_process_group yourself, or launch with matching sizes."
+            )
+        return False
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if topology.world_size == 1 and topology.source == "none":
+        dist.init_process_group(
+            backend,
+            store=dist.HashStore(),  # type: ignore[attr-defined]
+            rank=0,
+            world_size=1,
+            timeout=timeout,
+        )
+        return True
+    # env:// lets torchrun's agent-hosted store be reused; Slurm jobs get the variables set here.
+    os.environ.setdefault("MASTER_ADDR", topology.master_addr)
+    os.environ.setdefault("MASTER_PORT", str(topology.master_port))
+    try:
+        dist.init_process_group(
+            backend,
+            init_method="env://",
+            rank=topology.rank,
+            world_size=topology.world_size,
+            timeout=timeout,
+        )
+    except (RuntimeError, ValueError) as err:
+        raise EnvironmentMismatchError(
+            f"Rank {topology.rank} could not join the process group at "
+            f"{topology.master_addr}:{topology.master_port} within {timeout_s:.0f}s: {err}. Check "
+            "that every rank was started with the same MASTER_ADDR/MASTER_PORT and that the port "
+            "is free; `paratrain run` sets them for you."
+        ) from err
+    return True
+
+
+def destroy_process_group(created: bool) -> None:
+    """Destroy the default group if this process created it; safe to call twice."""
+    if created and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

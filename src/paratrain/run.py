@@ -1,0 +1,369 @@
+"""``Run``: one object that owns the process group, the strategy, precision and the step logic.
+
+    import paratrain as pt
+
+    with pt.Run(strategy="auto", precision="bf16", grad_accum=4, max_grad_norm=1.0) as run:
+        model, optimizer = run.setup(model, optimizer)
+        loader = run.loader(train_set, batch_size=32, shuffle=True)      # per-rank batch
+        for epoch in run.epochs(10):
+            for x, y in run.progress(loader):                           # already on run.device
+                with run.accumulate(model):
+                    loss = criterion(model(x), y)
+                    run.backward(loss)
+                run.step(optimizer, scheduler)          # steps only at the end of a window
+            run.print(f"epoch {epoch}: loss {run.reduce(loss.item(), 'mean'):.3f}")
+
+The same script runs as ``python train.py`` (one process), under ``torchrun`` or ``paratrain run``
+(one process per device), or inside a Slurm allocation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, TypeVar, overload
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.optim import Optimizer
+from torch.utils.data import DataLoader, Dataset
+
+from paratrain import collectives, data
+from paratrain.accumulation import Accumulation
+from paratrain.activation_checkpointing import apply_activation_checkpointing
+from paratrain.config import RunConfig
+from paratrain.console import Console
+from paratrain.errors import ConfigError
+from paratrain.model_setup import check_model, forward_in_autocast, rebind_optimizer
+from paratrain.precision import Precision
+from paratrain.process_group import destroy_process_group, init_process_group
+from paratrain.seeding import seed_everything
+from paratrain.strategies import select_strategy
+from paratrain.topology import Topology
+
+T = TypeVar("T")
+Number = TypeVar("Number", int, float, torch.Tensor)
+
+
+class Run:
+    """A training run on this process's share of the job. See the module docstring for a loop."""
+
+    def __init__(self, config: RunConfig | None = None, /, **settings: Any) -> None:
+        if config is not None and settings:
+            raise ConfigError("Pass either a RunConfig or keyword settings to Run, not both.")
+        self.config = config if config is not None else RunConfig(**settings)
+        self.topology = _topology()
+        selection = select_strategy(self.config, self.topology)
+        self.strategy = selection.strategy
+        self.device = self.strategy.device
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        self._owns_group = False
+        if self.strategy.multi_process:
+            self._owns_group = init_process_group(
+                self.topology, backend=selection.backend, timeout_s=self.config.timeout_s
+            )
+        self.console = Console(
+            is_main=self.topology.is_main,
+            run_dir=self.config.run_dir,
+            tensorboard=self.config.tensorboard,
+            progress=self.config.progress,
+        )
+        self.precision = Precision(self.config.precision, self.device)
+        seed_everything(self.config.seed)
+        self.epoch = 0
+        """Current epoch (0-based), advanced by :meth:`epochs`."""
+        self.global_step = 0
+        """Optimizer steps taken so far."""
+        self.last_grad_norm: float | None = None
+        """Gradient norm before clipping at the last step (when ``max_grad_norm`` is set)."""
+        self._accum = Accumulation(self.config.grad_accum)
+        self._train_loaders: list[data.DeviceLoader[Any]] = []
+        self._optimizers: list[Optimizer] = []
+        self._batch_reported = False
+        self._closed = False
+        self.console.print(
+            f"paratrain: strategy {self.strategy.name} ({selection.reason}), "
+            f"world size {self.world_size}, device {self.device.type}, "
+            f"backend {selection.backend if self.strategy.multi_process else '-'}, "
+            f"precision {self.config.precision}"
+        )
+
+    # -- where this process is -------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        """Index of this process in the job."""
+        return self.topology.rank
+
+    @property
+    def local_rank(self) -> int:
+        """Index of this process on its machine."""
+        return self.topology.local_rank
+
+    @property
+    def world_size(self) -> int:
+        """Number of processes in the job."""
+        return self.topology.world_size
+
+    @property
+    def is_main(self) -> bool:
+        """True on rank 0."""
+        return self.topology.is_main
+
+    # -- model and optimizer ---------------------------------------------------------------
+    @overload
+    def setup(self, model: nn.Module) -> nn.Module: ...
+    @overload
+    def setup(self, model: nn.Module, optimizer: Optimizer) -> tuple[nn.Module, Optimizer]: ...
+
+    def setup(
+        self, model: nn.Module, optimizer: Optimizer | None = None
+    ) -> nn.Module | tuple[nn.Module, Optimizer]:
+        """Place and wrap ``model`` for the strategy; rebind ``optimizer`` to its parameters."""
+        check_model(model)
+        names = {id(p): name for name, p in model.named_parameters()}
+        if self.config.activation_checkpointing:
+            apply_activation_checkpointing(model, self.config.activation_checkpointing)
+        wrapped = self.strategy.wrap(model)
+        if self.precision.dtype is not None:
+            forward_in_autocast(wrapped, self.precision)
+        if optimizer is None:
+            return wrapped
+        rebind_optimizer(optimizer, names, dict(self.strategy.unwrap(wrapped).named_parameters()))
+        return wrapped, optimizer
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        """The user's module inside the strategy's wrapper (``model.module`` for DDP)."""
+        return self.strategy.unwrap(model)
+
+    # -- data -----------------------------------------------------------------------------
+    def loader(
+        self,
+        dataset: Dataset[Any],
+        batch_size: int,
+        *,
+        shuffle: bool = True,
+        drop_last: bool = False,
+        **dataloader_kwargs: Any,
+    ) -> data.DeviceLoader[Any]:
+        """A training loader: ``batch_size`` samples per rank, sharded and reshuffled each epoch."""
+        loader = self._build(dataset, batch_size, True, shuffle, drop_last, dataloader_kwargs)
+        self._train_loaders.append(loader)
+        if not self._batch_reported:
+            self._batch_reported = True
+            world, accum = self.world_size, self.config.grad_accum
+            self.console.print(
+                f"paratrain: global batch {batch_size * world * accum} = per-rank batch "
+                f"{batch_size} x world size {world} x grad_accum {accum}"
+            )
+        return loader
+
+    def eval_loader(
+        self, dataset: Dataset[Any], batch_size: int, **dataloader_kwargs: Any
+    ) -> data.DeviceLoader[Any]:
+        """An evaluation loader in which every sample is seen by exactly one rank, once."""
+        return self._build(dataset, batch_size, False, False, False, dataloader_kwargs)
+
+    def _build(
+        self,
+        dataset: Dataset[Any],
+        batch_size: int,
+        train: bool,
+        shuffle: bool,
+        drop_last: bool,
+        kwargs: dict[str, Any],
+    ) -> data.DeviceLoader[Any]:
+        data.check_batch_size(batch_size)
+        for reserved in ("sampler", "batch_sampler"):
+            if reserved in kwargs:
+                raise ConfigError(
+                    f"run.loader chooses the {reserved} itself, so ranks get disjoint data. Drop "
+                    f"{reserved}=..., or build your own DataLoader and skip run.loader."
+                )
+        sampler = data.build_sampler(
+            dataset,
+            train=train,
+            shuffle=shuffle,
+            drop_last=drop_last,
+            seed=self.config.seed,
+            rank=self.rank,
+            world_size=self.world_size,
+        )
+        workers = kwargs.pop("num_workers", self.config.num_workers)
+        if workers is None:
+            workers = data.default_workers(self.device, self.topology.local_world_size)
+        kwargs.setdefault("pin_memory", self.device.type == "cuda")
+        kwargs.setdefault("persistent_workers", workers > 0)
+        loader = DataLoader(
+            dataset,
+            batch_size=batch_size,
+            sampler=sampler,
+            num_workers=workers,
+            drop_last=drop_last and train,
+            **kwargs,
+        )
+        return data.DeviceLoader(loader, self.device, lambda: self.epoch)
+
+    # -- the loop -------------------------------------------------------------------------
+    def epochs(self, count: int) -> Iterator[int]:
+        """Yield epoch numbers from the current one up to ``count - 1``; samplers follow them."""
+        while self.epoch < count:
+            yield self.epoch
+            self._drop_unfinished_window()
+            self.epoch += 1
+
+    def progress(self, iterable: Iterable[T], *, desc: str | None = None) -> Iterator[T]:
+        """A progress bar on the main process; the bare iterable on the other ranks."""
+        return self.console.progress(iterable, desc=desc or f"epoch {self.epoch}")
+
+    @contextlib.contextmanager
+    def accumulate(self, model: nn.Module) -> Iterator[None]:
+        """Run one micro-batch; gradients are synchronised only on the last of a window."""
+        active = [ld for ld in self._train_loaders if ld.batches_left is not None]
+        last_batch = bool(active) and active[-1].batches_left == 0
+        if self._accum.begin(last_batch=last_batch):
+            yield
+        else:
+            with self.strategy.no_sync(model):
+                yield
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()`` with the loss divided by ``grad_accum`` and scaled for fp16."""
+        self.precision.scale(loss / self.config.grad_accum).backward()  # type: ignore[no-untyped-call]
+
+    def step(self, optimizer: Optimizer, scheduler: Any = None) -> bool:
+        """At the end of a window: unscale, clip, step, zero_grad, scheduler. True if stepped."""
+        if not self._accum.used and self.config.grad_accum > 1:
+            raise ConfigError(
+                f"grad_accum={self.config.grad_accum} but no `with run.accumulate(model):` block "
+                "was run, so run.step cannot tell micro-batches from steps. Put the forward and "
+                "run.backward inside `with run.accumulate(model):`."
+            )
+        if self._accum.used and not self._accum.sync:
+            return False
+        if optimizer not in self._optimizers:
+            self._optimizers.append(optimizer)
+        self.precision.unscale_(optimizer)
+        correction = self._accum.correction()
+        params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        if correction != 1.0:
+            torch._foreach_mul_([p.grad for p in params], correction)
+        if self.config.max_grad_norm is not None:
+            self.last_grad_norm = self.strategy.clip_grad_norm(params, self.config.max_grad_norm)
+        stepped = self.precision.step(optimizer)
+        optimizer.zero_grad(set_to_none=True)
+        self._accum.reset()
+        if stepped:
+            self.global_step += 1
+            if scheduler is not None:
+                scheduler.step()
+        return stepped
+
+    def _drop_unfinished_window(self) -> None:
+        if self._accum.window == 0:
+            return
+        self.console.warn(
+            f"epoch {self.epoch} ended with {self._accum.window} micro-batch(es) of an unfinished "
+            "accumulation window; their gradients were dropped. Use run.loader (it knows its "
+            "length and steps on the last batch) or a loader with __len__."
+        )
+        for optimizer in self._optimizers:
+            optimizer.zero_grad(set_to_none=True)
+        self._accum.reset()
+
+    @contextlib.contextmanager
+    def autocast(self) -> Iterator[None]:
+        """Autocast for code outside the model's forward (the model's forward already is)."""
+        with self.precision.autocast():
+            yield
+
+    def uneven_inputs(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        """For loops whose ranks run different numbers of batches: no rank hangs at the end."""
+        return self.strategy.uneven_inputs(model)
+
+    # -- metrics, output, files -------------------------------------------------------------
+    def reduce(self, value: Number, op: str = "sum") -> Number:
+        """All-reduce a number or tensor over ranks (sum, mean, max, min)."""
+        return collectives.reduce(value, op, device=self.device)
+
+    def gather(self, value: Any) -> list[Any]:
+        """Every rank's ``value`` in rank order, on every rank."""
+        return collectives.gather(value)
+
+    def barrier(self) -> None:
+        """Wait until every rank gets here."""
+        if self.strategy.multi_process and dist.is_initialized():
+            dist.barrier()
+
+    def print(self, *values: object, **kwargs: Any) -> None:
+        """``print`` on the main process only."""
+        self.console.print(*values, **kwargs)
+
+    def log(self, metrics: Mapping[str, float], *, step: int | None = None) -> None:
+        """Record scalars (main process): ``run_dir/metrics.jsonl`` and TensorBoard if enabled."""
+        self.console.log(metrics, step=self.global_step if step is None else step)
+
+    def save_weights(self, model: nn.Module, path: str | Path) -> Path:
+        """Save the full, unprefixed weights to ``path`` (collective; the main process writes)."""
+        state = self.strategy.full_state_dict(model)
+        path = Path(path)
+        if self.is_main:
+            _atomic_save(state, path)
+        self.barrier()
+        return path
+
+    # -- lifetime -------------------------------------------------------------------------
+    def close(self) -> None:
+        """Close logs and destroy the process group this run created. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        self.console.close()
+        destroy_process_group(self._owns_group)
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _topology() -> Topology:
+    topo = Topology.from_env()
+    if topo.source == "none" and dist.is_available() and dist.is_initialized():
+        # The caller built the process group (a notebook, a test harness): take its layout.
+        rank, world = dist.get_rank(), dist.get_world_size()
+        return Topology(
+            rank=rank,
+            local_rank=rank,
+            world_size=world,
+            local_world_size=world,
+            master_addr=topo.master_addr,
+            master_port=topo.master_port,
+            source="process group",
+        )
+    return topo
+
+
+def _atomic_save(state: Mapping[str, torch.Tensor], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(dict(state), f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)

@@ -1,0 +1,95 @@
+"""Strategy registry: the one place a strategy name is branched on.
+
+    selection = select_strategy(config, Topology.from_env())
+    model = selection.strategy.wrap(model)
+
+``auto`` picks ``ddp`` when several ranks were launched, ``single`` with one visible GPU, ``cpu``
+otherwise, and says why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from paratrain.config import RunConfig
+from paratrain.errors import EnvironmentMismatchError
+from paratrain.strategies.base import Strategy, require_cuda
+from paratrain.strategies.cpu import CPUStrategy
+from paratrain.strategies.ddp import DDPStrategy
+from paratrain.strategies.dp import DataParallelStrategy
+from paratrain.strategies.fsdp import FSDPStrategy
+from paratrain.strategies.single import SingleDeviceStrategy, visible_gpu_label
+from paratrain.topology import Topology
+
+REGISTRY: dict[str, type[Strategy]] = {
+    cls.name: cls
+    for cls in (CPUStrategy, SingleDeviceStrategy, DataParallelStrategy, DDPStrategy, FSDPStrategy)
+}
+STRATEGY_NAMES = tuple(REGISTRY)
+
+__all__ = [
+    "REGISTRY",
+    "STRATEGY_NAMES",
+    "Selection",
+    "Strategy",
+    "resolve_accelerator",
+    "select_strategy",
+]
+
+
+def resolve_accelerator(config: RunConfig, gpus: int) -> str:
+    """``cpu`` or ``cuda``; ``cuda`` asked on a machine without GPUs is an error."""
+    if config.accelerator == "auto":
+        return "cuda" if gpus > 0 else "cpu"
+    if config.accelerator == "cuda" and gpus == 0:
+        require_cuda("accelerator='cuda'", "none")
+    return config.accelerator
+
+
+def _auto(topology: Topology, accelerator: str, gpus: int) -> tuple[str, str]:
+    if topology.world_size > 1:
+        return "ddp", f"{topology.world_size} ranks were launched ({topology.source})"
+    if accelerator == "cuda":
+        hint = (
+            f"; {gpus} GPUs are visible: `paratrain run --nproc {gpus}` trains on all of them"
+            if gpus > 1
+            else ""
+        )
+        return "single", f"one process and a GPU ({visible_gpu_label(0)}){hint}"
+    return "cpu", "one process and no GPU visible"
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """What :func:`select_strategy` decided for this process."""
+
+    strategy: Strategy
+    reason: str
+    """Why this strategy (``"asked for"`` unless ``auto`` picked it)."""
+    backend: str
+    """Collective backend for the process group: ``nccl`` or ``gloo``."""
+
+
+def select_strategy(config: RunConfig, topology: Topology, gpus: int | None = None) -> Selection:
+    """Build the strategy for this process and say why it was chosen."""
+    gpus = torch.cuda.device_count() if gpus is None else gpus
+    accelerator = resolve_accelerator(config, gpus)
+    backend = config.backend or ("nccl" if accelerator == "cuda" else "gloo")
+    if backend == "nccl":
+        require_cuda("backend 'nccl'", accelerator)
+        if not torch.distributed.is_nccl_available():
+            raise EnvironmentMismatchError(
+                "backend 'nccl' is not in this torch build. Use backend='gloo' or install a CUDA "
+                "build of torch."
+            )
+    if config.strategy == "auto":
+        name, reason = _auto(topology, accelerator, gpus)
+    else:
+        name, reason = config.strategy, "asked for"
+    cls = REGISTRY[name]
+    cls.check(config, topology, accelerator, gpus)
+    device = cls.device_for(topology, accelerator, config)
+    strategy = cls(config=config, topology=topology, device=device)
+    return Selection(strategy=strategy, reason=reason, backend=backend)

@@ -1,0 +1,110 @@
+"""The one protocol every strategy implements.
+
+A strategy places the model on its device, wraps it for synchronisation, knows how to skip gradient
+sync for accumulation micro-batches, and how to give back the plain model and its full weights.
+Subclasses declare what they need (``needs_cuda``, ``multi_process``); the shared checks below turn
+impossible combinations into errors that name the fix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from paratrain.config import RunConfig
+from paratrain.errors import ConfigError, EnvironmentMismatchError
+from paratrain.topology import Topology
+
+
+class Strategy:
+    """Base class: single-device behaviour, overridden where a strategy differs."""
+
+    name: ClassVar[str] = "base"
+    needs_cuda: ClassVar[bool] = False
+    """True when the strategy cannot run without a GPU."""
+    multi_process: ClassVar[bool] = False
+    """True when every rank is its own process: needs a process group and sharded data."""
+
+    def __init__(self, *, config: RunConfig, topology: Topology, device: torch.device) -> None:
+        self.config = config
+        self.topology = topology
+        self.device = device
+
+    @classmethod
+    def check(cls, config: RunConfig, topology: Topology, accelerator: str, gpus: int) -> None:
+        """Raise when this strategy cannot run as configured on this machine."""
+        if cls.needs_cuda and accelerator != "cuda":
+            raise EnvironmentMismatchError(
+                f"strategy {cls.name!r} needs CUDA GPUs, but {_no_gpu_reason(accelerator)}. "
+                "Use strategy='cpu' (one process) or 'ddp' (several CPU ranks over gloo), or run "
+                "on a GPU machine; `paratrain doctor` explains what torch sees."
+            )
+        if not cls.multi_process and topology.world_size > 1:
+            raise ConfigError(
+                f"strategy {cls.name!r} runs in one process, but this job has "
+                f"{topology.world_size} ranks (launched by {topology.source}). Use strategy='ddp' "
+                "or 'fsdp' (or 'auto'), or launch a single process."
+            )
+        if config.sync_batchnorm and not cls.multi_process:
+            raise ConfigError(
+                f"sync_batchnorm=True with strategy {cls.name!r}: SyncBatchNorm synchronises "
+                "statistics across a process group, which a single process does not have (with "
+                "DataParallel it silently does nothing). Use strategy='ddp' on GPUs, or drop "
+                "sync_batchnorm."
+            )
+
+    @classmethod
+    def device_for(cls, topology: Topology, accelerator: str, config: RunConfig) -> torch.device:
+        """The device this rank computes on: ``cuda:<local rank>`` or ``cpu``."""
+        if accelerator == "cuda":
+            return torch.device("cuda", topology.local_rank)
+        return torch.device("cpu")
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        """Move ``model`` to the device and wrap it for this strategy."""
+        return model.to(self.device)
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        """The user's module inside whatever wrapper :meth:`wrap` added."""
+        return model
+
+    @contextlib.contextmanager
+    def no_sync(self, model: nn.Module) -> Iterator[None]:
+        """Skip gradient synchronisation for the backward passes run inside."""
+        yield
+
+    def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """Complete, unprefixed weights on CPU (complete on the main process at least)."""
+        return {k: v.detach().cpu() for k, v in self.unwrap(model).state_dict().items()}
+
+    def clip_grad_norm(self, params: list[torch.Tensor], max_norm: float) -> float:
+        """Clip the global gradient norm of ``params``; return the norm before clipping."""
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        return float(norm)
+
+    def uneven_inputs(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        """Context for loops whose ranks see different numbers of batches (one process: no-op)."""
+        return contextlib.nullcontext()
+
+
+def _no_gpu_reason(accelerator: str) -> str:
+    if accelerator == "cpu":
+        return "accelerator='cpu' was chosen"
+    build = (
+        "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+    )
+    return f"torch {torch.__version__} ({build}) sees no GPU"
+
+
+def require_cuda(what: str, accelerator: str) -> None:
+    """Raise the standard no-GPU error for ``what`` (e.g. ``"backend 'nccl'"``)."""
+    if accelerator != "cuda":
+        raise EnvironmentMismatchError(
+            f"{what} needs CUDA GPUs, but {_no_gpu_reason(accelerator)}. Use the CPU equivalent "
+            "(backend='gloo', accelerator='cpu') or run on a GPU machine; `paratrain doctor` "
+            "explains what torch sees."
+        )

@@ -1,0 +1,86 @@
+"""``ddp``: DistributedDataParallel — one process per device, gradients all-reduced in buckets.
+
+Options come from :class:`~paratrain.config.RunConfig`: ``sync_batchnorm`` (GPUs only: torch's
+SyncBatchNorm has no CPU kernel), ``find_unused_parameters``, ``broadcast_buffers``,
+``static_graph`` and ``comm_hook`` (``fp16``/``bf16`` gradient compression).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.algorithms.join import Join
+from torch.nn.parallel import DistributedDataParallel
+
+from paratrain.config import RunConfig
+from paratrain.errors import ConfigError, EnvironmentMismatchError
+from paratrain.strategies.base import Strategy
+from paratrain.topology import Topology
+
+_HOOKS = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
+
+
+def check_ranks_fit_gpus(name: str, topology: Topology, accelerator: str, gpus: int) -> None:
+    """One process per GPU: more local ranks than visible GPUs is an error, not oversubscription."""
+    if accelerator == "cuda" and topology.local_world_size > gpus:
+        raise EnvironmentMismatchError(
+            f"strategy {name!r}: {topology.local_world_size} ranks on this machine but only {gpus} "
+            f"GPU(s) visible; each rank needs its own GPU. Launch with `--nproc {gpus}` (or "
+            "`--nproc auto`), or use accelerator='cpu' for CPU ranks."
+        )
+
+
+class DDPStrategy(Strategy):
+    """Wrap the model in DistributedDataParallel on this rank's device."""
+
+    name: ClassVar[str] = "ddp"
+    multi_process: ClassVar[bool] = True
+
+    @classmethod
+    def check(cls, config: RunConfig, topology: Topology, accelerator: str, gpus: int) -> None:
+        super().check(config, topology, accelerator, gpus)
+        check_ranks_fit_gpus(cls.name, topology, accelerator, gpus)
+        if config.sync_batchnorm and accelerator != "cuda":
+            raise ConfigError(
+                "sync_batchnorm=True on CPU ranks: torch's SyncBatchNorm runs on GPUs only. Drop "
+                "sync_batchnorm (each rank then normalises over its own per-rank batch) or train "
+                "on GPUs."
+            )
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        if self.config.sync_batchnorm:
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # type: ignore[no-untyped-call]
+        model = model.to(self.device)
+        ddp = DistributedDataParallel(
+            model,
+            device_ids=[self.device.index] if self.device.type == "cuda" else None,
+            find_unused_parameters=self.config.find_unused_parameters,
+            broadcast_buffers=self.config.broadcast_buffers,
+            static_graph=self.config.static_graph,
+        )
+        if self.config.comm_hook is not None:
+            ddp.register_comm_hook(state=None, hook=_HOOKS[self.config.comm_hook])
+        return ddp
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        return model.module if isinstance(model, DistributedDataParallel) else model
+
+    def uneven_inputs(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        # Join shadows the collectives of ranks that ran out of batches until all are done.
+        return (
+            Join([model])
+            if isinstance(model, DistributedDataParallel)
+            else super().uneven_inputs(model)
+        )
+
+    @contextlib.contextmanager
+    def no_sync(self, model: nn.Module) -> Iterator[None]:
+        if isinstance(model, DistributedDataParallel):
+            with model.no_sync():
+                yield
+        else:
+            yield

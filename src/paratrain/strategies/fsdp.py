@@ -1,0 +1,78 @@
+"""``fsdp``: FSDP2 (``fully_shard``) — parameters, gradients and optimizer state sharded over ranks.
+
+Each submodule chosen by ``RunConfig.fsdp_wrap`` becomes its own all-gather unit (for a transformer:
+its blocks), and the root module always is one. Works on CPU ranks over gloo as on GPUs over nccl.
+Every rank must build the model with the same initial weights (``Run`` seeds all ranks alike);
+FSDP2 shards each rank's local copy and does not broadcast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
+
+from paratrain.config import RunConfig
+from paratrain.errors import ConfigError
+from paratrain.module_policy import selected
+from paratrain.strategies.base import Strategy
+from paratrain.strategies.ddp import check_ranks_fit_gpus
+from paratrain.topology import Topology
+
+
+class FSDPStrategy(Strategy):
+    """Shard the model with ``fully_shard`` over a 1-D device mesh of all ranks."""
+
+    name: ClassVar[str] = "fsdp"
+    multi_process: ClassVar[bool] = True
+
+    @classmethod
+    def check(cls, config: RunConfig, topology: Topology, accelerator: str, gpus: int) -> None:
+        super().check(config, topology, accelerator, gpus)
+        check_ranks_fit_gpus(cls.name, topology, accelerator, gpus)
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        if self.config.sync_batchnorm:
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # type: ignore[no-untyped-call]
+        model = model.to(self.device)
+        mesh = init_device_mesh(self.device.type, (self.topology.world_size,))
+        for module in selected(model, self.config.fsdp_wrap):
+            fully_shard(module, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model
+
+    @contextlib.contextmanager
+    def no_sync(self, model: nn.Module) -> Iterator[None]:
+        if not isinstance(model, FSDPModule):
+            yield
+            return
+        # FSDP2 keeps unsharded gradients locally and reduce-scatters on the next synced backward.
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+
+    def uneven_inputs(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        raise ConfigError(
+            "uneven_inputs is not supported with strategy 'fsdp' (torch's Join covers DDP only). "
+            "Use run.loader, which gives every rank the same number of batches, or strategy='ddp'."
+        )
+
+    def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        # A collective: every rank must call it. With cpu_offload only rank 0 holds the tensors.
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = get_model_state_dict(model, options=options)
+        return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+
+    def clip_grad_norm(self, params: list[torch.Tensor], max_norm: float) -> float:
+        # The norm of sharded (DTensor) gradients is itself a DTensor reduced over all ranks.
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        full = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        return float(full)

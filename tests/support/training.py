@@ -1,0 +1,71 @@
+"""Small models, data and loops shared by the tests: the same loop runs on 1 or N ranks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+import paratrain as pt
+
+
+def dataset(n: int = 64, features: int = 6, classes: int = 3, seed: int = 1) -> TensorDataset:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, features, generator=g)
+    y = torch.randint(0, classes, (n,), generator=g)
+    return TensorDataset(x, y)
+
+
+def mlp(features: int = 6, classes: int = 3) -> nn.Module:
+    return nn.Sequential(
+        nn.Linear(features, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, classes)
+    )
+
+
+def make_optimizer(name: str, model: nn.Module) -> torch.optim.Optimizer:
+    if name == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    return torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
+
+
+def train(
+    *,
+    optimizer: str = "sgd",
+    batch_size: int,
+    steps: int | None = None,
+    epochs: int = 1,
+    n: int = 64,
+    **settings: Any,
+) -> dict[str, Any]:
+    """Train the MLP with ``pt.Run(**settings)``; return unwrapped weights, losses, step count."""
+    with pt.Run(progress=False, seed=0, **settings) as run:
+        model = mlp()
+        opt = make_optimizer(optimizer, model)
+        model, opt = run.setup(model, opt)
+        loader = run.loader(dataset(n), batch_size=batch_size, shuffle=True)
+        losses = []
+        for _ in run.epochs(epochs):
+            for x, y in loader:
+                with run.accumulate(model):
+                    loss = nn.functional.cross_entropy(model(x), y)
+                    run.backward(loss)
+                losses.append(loss.item())
+                run.step(opt)
+                if steps is not None and run.global_step >= steps:
+                    break
+        weights = run.strategy.full_state_dict(model)
+        return {
+            "weights": weights,
+            "losses": losses,
+            "steps": run.global_step,
+            "rank": run.rank,
+            "world": run.world_size,
+            "strategy": run.strategy.name,
+        }
+
+
+def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys(), (sorted(a), sorted(b))
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
