@@ -26,7 +26,7 @@ def check_model(model: nn.Module) -> None:
     """Raise :class:`ModelError` for a model that ``Run.setup`` cannot train."""
     if not isinstance(model, nn.Module):
         raise ModelError(f"run.setup expects a torch.nn.Module, got {type(model).__name__}.")
-    if type(model).__name__ in _WRAPPERS or hasattr(model, "_paratrain_autocast"):
+    if type(model).__name__ in _WRAPPERS or getattr(model, "_paratrain_setup", False):
         raise ModelError(
             f"The model is already wrapped ({type(model).__name__}). Pass the plain module to "
             "run.setup; it wraps it for the chosen strategy."
@@ -49,7 +49,6 @@ def forward_in_autocast(model: nn.Module, precision: Precision) -> None:
             return original(*args, **kwargs)
 
     model.forward = forward
-    model._paratrain_autocast = True  # type: ignore[assignment]
 
 
 def rebind_optimizer(

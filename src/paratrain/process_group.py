@@ -26,6 +26,11 @@ def init_process_group(topology: Topology, *, backend: str, timeout_s: float) ->
             "torch.distributed is not available in this torch build. Install a standard torch "
             "wheel (pip install torch) to train on several ranks."
         )
+    if backend == "nccl" and not dist.is_nccl_available():
+        raise EnvironmentMismatchError(
+            "backend 'nccl' is not in this torch build. Use backend='gloo' or install a CUDA "
+            "build of torch."
+        )
     if dist.is_initialized():
         if dist.get_world_size() != topology.world_size and topology.source != "none":
             raise ConfigError(

@@ -131,6 +131,7 @@ class Run:
         wrapped = self.strategy.wrap(model)
         if self.precision.dtype is not None:
             forward_in_autocast(wrapped, self.precision)
+        wrapped._paratrain_setup = True  # type: ignore[assignment]
         if optimizer is None:
             return wrapped
         rebind_optimizer(optimizer, names, dict(self.strategy.unwrap(wrapped).named_parameters()))

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 import torch
 
 from paratrain.config import RunConfig
-from paratrain.errors import EnvironmentMismatchError
 from paratrain.strategies.base import Strategy, require_cuda
 from paratrain.strategies.cpu import CPUStrategy
 from paratrain.strategies.ddp import DDPStrategy
@@ -79,11 +78,6 @@ def select_strategy(config: RunConfig, topology: Topology, gpus: int | None = No
     backend = config.backend or ("nccl" if accelerator == "cuda" else "gloo")
     if backend == "nccl":
         require_cuda("backend 'nccl'", accelerator)
-        if not torch.distributed.is_nccl_available():
-            raise EnvironmentMismatchError(
-                "backend 'nccl' is not in this torch build. Use backend='gloo' or install a CUDA "
-                "build of torch."
-            )
     if config.strategy == "auto":
         name, reason = _auto(topology, accelerator, gpus)
     else:

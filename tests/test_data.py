@@ -1,0 +1,79 @@
+import dataclasses
+from collections import namedtuple
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from torch.utils.data import DistributedSampler
+
+from paratrain import to_device
+from paratrain.data import ExactOnceSampler, build_sampler, check_batch_size
+from paratrain.errors import ConfigError
+from tests.support.training import dataset
+
+
+def _epoch_order(world: int, rank: int, epoch: int, seed: int = 0, n: int = 50) -> list[int]:
+    sampler = build_sampler(
+        dataset(n),
+        train=True,
+        shuffle=True,
+        drop_last=False,
+        seed=seed,
+        rank=rank,
+        world_size=world,
+    )
+    assert isinstance(sampler, DistributedSampler)
+    sampler.set_epoch(epoch)
+    return list(sampler)
+
+
+def test_every_epoch_has_a_new_order_and_the_same_seed_repeats_it() -> None:
+    orders = [_epoch_order(1, 0, e) for e in range(4)]
+    assert len({tuple(o) for o in orders}) == 4
+    assert orders[2] == _epoch_order(1, 0, 2)
+    assert orders[2] != _epoch_order(1, 0, 2, seed=1)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_ranks_see_disjoint_slices_of_one_permutation(world: int) -> None:
+    n = 48
+    parts = [_epoch_order(world, r, epoch=1, n=n) for r in range(world)]
+    assert all(len(p) == n // world for p in parts)
+    assert sorted(i for p in parts for i in p) == list(range(n))
+    # Interleaved, the ranks' slices are the one-process order: batches compose a global batch.
+    interleaved = [parts[r][i] for i in range(n // world) for r in range(world)]
+    assert interleaved == _epoch_order(1, 0, epoch=1, n=n)
+
+
+def test_training_sampler_pads_so_every_rank_runs_the_same_batches() -> None:
+    parts = [_epoch_order(3, r, epoch=0, n=10) for r in range(3)]
+    assert [len(p) for p in parts] == [4, 4, 4]
+
+
+@given(n=st.integers(0, 200), world=st.integers(1, 9))
+def test_exact_once_sampler_covers_each_index_once(n: int, world: int) -> None:
+    parts = [list(ExactOnceSampler(n, rank=r, world_size=world)) for r in range(world)]
+    assert sorted(i for p in parts for i in p) == list(range(n))
+    assert max(map(len, parts), default=0) - min(map(len, parts), default=0) <= 1
+
+
+@dataclasses.dataclass
+class Batch:
+    x: torch.Tensor
+    meta: str
+
+
+def test_to_device_handles_nested_containers() -> None:
+    Pair = namedtuple("Pair", "a b")
+    batch = {"pair": Pair(torch.ones(1), [torch.zeros(2), 3]), "dc": Batch(torch.ones(2), "m")}
+    moved = to_device(batch, torch.device("meta"))
+    assert moved["pair"].a.is_meta and isinstance(moved["pair"], Pair)
+    assert moved["pair"].b[0].is_meta and moved["pair"].b[1] == 3
+    assert isinstance(moved["dc"], Batch) and moved["dc"].x.is_meta and moved["dc"].meta == "m"
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True, "32"])
+def test_batch_size_must_be_positive_integer(bad: object) -> None:
+    with pytest.raises(ConfigError, match="per-rank"):
+        check_batch_size(bad)

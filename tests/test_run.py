@@ -1,0 +1,110 @@
+import json
+
+import pytest
+import torch
+from torch import nn
+
+import paratrain as pt
+from paratrain.errors import ConfigError, ModelError
+from tests.support.training import dataset, mlp
+
+
+@pytest.mark.parametrize(
+    "settings,needle",
+    [
+        (dict(grad_accum=0), "grad_accum must be a positive integer"),
+        (dict(grad_accum=-2), "grad_accum must be a positive integer"),
+        (dict(precision="fp8"), "Available: fp32, bf16, fp16"),
+        (dict(max_grad_norm=0), "max_grad_norm must be > 0"),
+    ],
+)
+def test_bad_settings(settings: dict[str, object], needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        pt.Run(**settings)
+
+
+def test_model_without_parameters_is_refused() -> None:
+    with pt.Run(strategy="cpu") as run, pytest.raises(ModelError, match="no trainable parameters"):
+        run.setup(nn.Sequential(nn.ReLU(), nn.Dropout()))
+
+
+def test_wrapped_model_is_refused() -> None:
+    with pt.Run(strategy="cpu") as run:
+        model = run.setup(mlp())
+        with pytest.raises(ModelError, match="already wrapped"):
+            run.setup(model)
+
+
+def test_step_without_accumulate_block_when_accumulating() -> None:
+    with pt.Run(strategy="cpu", grad_accum=2) as run:
+        with pytest.raises(ModelError, match="not in the model"):
+            run.setup(mlp(), torch.optim.SGD(mlp().parameters(), lr=0.1))
+        model = mlp()
+        model, opt = run.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        x, y = dataset(4)[:]
+        run.backward(nn.functional.cross_entropy(model(x), y))
+        with pytest.raises(ConfigError, match="run.accumulate"):
+            run.step(opt)
+
+
+def test_loader_refuses_a_sampler_and_bad_batch_size() -> None:
+    with pt.Run(strategy="cpu") as run:
+        with pytest.raises(ConfigError, match="chooses the sampler"):
+            run.loader(dataset(), batch_size=4, sampler=[0, 1])
+        with pytest.raises(ConfigError, match="per-rank"):
+            run.loader(dataset(), batch_size=0)
+
+
+def test_precision_bf16_runs_the_forward_in_bf16() -> None:
+    with pt.Run(strategy="cpu", precision="bf16") as run:
+        model = run.setup(mlp())
+        assert model(torch.randn(2, 6)).dtype == torch.bfloat16
+        assert run.unwrap(model).state_dict().keys() == mlp().state_dict().keys()
+
+
+def test_fp16_exposes_its_scaler_and_steps() -> None:
+    with pt.Run(strategy="cpu", precision="fp16") as run:
+        model = mlp()
+        model, opt = run.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        assert run.precision.scaler is not None
+        x, y = dataset(8)[:]
+        before = [p.detach().clone() for p in model.parameters()]
+        stepped = []
+        for _ in range(20):  # the first steps may overflow at the initial scale and be skipped
+            run.backward(nn.functional.cross_entropy(model(x), y))
+            stepped.append(run.step(opt))
+        assert any(stepped) and run.global_step == sum(stepped)
+        assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+        assert run.precision.scaler.get_scale() < 65536.0 or all(stepped)
+
+
+def test_activation_checkpointing_keeps_keys_and_gradients() -> None:
+    x, y = dataset(8)[:]
+    grads = []
+    for policy in ((), (nn.Linear,)):
+        with pt.Run(strategy="cpu", activation_checkpointing=policy) as run:
+            model = run.setup(mlp())
+            nn.functional.cross_entropy(model(x), y).backward()
+            grads.append({k: p.grad.clone() for k, p in model.named_parameters()})
+    assert grads[0].keys() == grads[1].keys()
+    assert all(torch.allclose(grads[0][k], grads[1][k]) for k in grads[0])
+
+
+def test_log_writes_metrics_and_tensorboard(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    with pt.Run(strategy="cpu", run_dir=tmp_path, tensorboard=True) as run:
+        run.log({"loss": 0.5}, step=3)
+        run.print("hello from the main process")
+    record = json.loads((tmp_path / "metrics.jsonl").read_text())
+    assert record["loss"] == 0.5 and record["step"] == 3
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    out = capsys.readouterr().out
+    assert "hello from the main process" in out and "strategy cpu" in out
+
+
+def test_save_weights_are_unprefixed_and_atomic(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with pt.Run(strategy="cpu") as run:
+        model = run.setup(mlp())
+        path = run.save_weights(model, tmp_path / "w.pt")
+    state = torch.load(path, weights_only=True)
+    assert state.keys() == mlp().state_dict().keys()
+    assert [p.name for p in tmp_path.iterdir()] == ["w.pt"]
