@@ -43,7 +43,7 @@ def test_step_without_accumulate_block_when_accumulating() -> None:
         model, opt = run.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
         x, y = dataset(4)[:]
         run.backward(nn.functional.cross_entropy(model(x), y))
-        with pytest.raises(ConfigError, match="run.accumulate"):
+        with pytest.raises(ConfigError, match=r"run\.accumulate"):
             run.step(opt)
 
 

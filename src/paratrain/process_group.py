@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import time
 
 import torch.distributed as dist
 
@@ -74,3 +75,8 @@ def destroy_process_group(created: bool) -> None:
     """Destroy the default group if this process created it; safe to call twice."""
     if created and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+        # Shutting gloo down wakes its worker threads, which then free the last work they ran;
+        # when that work held tensors created in Python they need the GIL. If this thread went
+        # straight on to free a DDP reducer (whose process-group destructor joins those
+        # threads while holding the GIL), both would wait forever. Yield the GIL briefly.
+        time.sleep(0.05)

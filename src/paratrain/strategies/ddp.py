@@ -8,6 +8,7 @@ SyncBatchNorm has no CPU kernel), ``find_unused_parameters``, ``broadcast_buffer
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
@@ -32,6 +33,13 @@ def check_ranks_fit_gpus(name: str, topology: Topology, accelerator: str, gpus: 
             f"GPU(s) visible; each rank needs its own GPU. Launch with `--nproc {gpus}` (or "
             "`--nproc auto`), or use accelerator='cpu' for CPU ranks."
         )
+
+
+def _buffer_sync(enabled: bool) -> dict[str, Any]:
+    # torch 2.13 renamed broadcast_buffers to forward_sync_buffers (and always syncs at init).
+    params = inspect.signature(DistributedDataParallel.__init__).parameters
+    key = "forward_sync_buffers" if "forward_sync_buffers" in params else "broadcast_buffers"
+    return {key: enabled}
 
 
 class DDPStrategy(Strategy):
@@ -59,7 +67,7 @@ class DDPStrategy(Strategy):
             model,
             device_ids=[self.device.index] if self.device.type == "cuda" else None,
             find_unused_parameters=self.config.find_unused_parameters,
-            broadcast_buffers=self.config.broadcast_buffers,
+            **_buffer_sync(self.config.broadcast_buffers),
             static_graph=self.config.static_graph,
         )
         if self.config.comm_hook is not None:
