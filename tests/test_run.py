@@ -1,4 +1,5 @@
 import json
+import logging
 
 import pytest
 import torch
@@ -108,3 +109,24 @@ def test_save_weights_are_unprefixed_and_atomic(tmp_path) -> None:  # type: igno
     state = torch.load(path, weights_only=True)
     assert state.keys() == mlp().state_dict().keys()
     assert [p.name for p in tmp_path.iterdir()] == ["w.pt"]
+
+
+def test_logger_is_silent_off_the_main_process() -> None:
+    from paratrain.console import Console
+
+    off = Console(is_main=False, run_dir=".", tensorboard=False, progress=False)
+    record = logging.LogRecord("x", logging.INFO, __file__, 1, "msg", None, None)
+    assert not off.logger("tests.off_main").filter(record)
+    on = Console(is_main=True, run_dir=".", tensorboard=False, progress=False)
+    assert on.logger("tests.on_main").filter(record)
+
+
+def test_process_group_is_torn_down_when_user_code_raises() -> None:
+    import torch.distributed as dist
+
+    with pytest.raises(RuntimeError, match="user bug"), pt.Run(strategy="ddp") as run:
+        assert dist.is_initialized() and run.world_size == 1
+        raise RuntimeError("user bug")
+    assert not dist.is_initialized()
+    with pt.Run(strategy="ddp") as run:  # and a new run can start afterwards
+        assert run.reduce(2.0, "sum") == 2.0

@@ -5,6 +5,7 @@
     for batch in console.progress(loader, desc="epoch 1"):
         ...
     console.log({"loss": 0.3}, step=10)            # metrics.jsonl (+ TensorBoard) on rank 0
+    console.logger(__name__).info("saved")          # a logging.Logger silent off rank 0
 
 This is the one place the "only rank 0 prints or writes shared files" rule lives.
 """
@@ -12,6 +13,7 @@ This is the one place the "only rank 0 prints or writes shared files" rule lives
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sized
@@ -71,6 +73,13 @@ class Console:
             for key, value in metrics.items():
                 self._writer.add_scalar(key, float(value), step)
 
+    def logger(self, name: str) -> logging.Logger:
+        """A ``logging`` logger whose records are dropped on every rank but the main one."""
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _MainProcessOnly) for f in logger.filters):
+            logger.addFilter(_MainProcessOnly(self.is_main))
+        return logger
+
     def close(self) -> None:
         """Flush and close the files this console opened."""
         if self._writer is not None:
@@ -79,6 +88,15 @@ class Console:
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
+
+
+class _MainProcessOnly(logging.Filter):
+    def __init__(self, is_main: bool) -> None:
+        super().__init__()
+        self.is_main = is_main
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.is_main
 
 
 def _summary_writer(log_dir: Path) -> Any:

@@ -20,6 +20,7 @@ The same script runs as ``python train.py`` (one process), under ``torchrun`` or
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping
@@ -234,7 +235,9 @@ class Run:
 
     def backward(self, loss: torch.Tensor) -> None:
         """``loss.backward()`` with the loss divided by ``grad_accum`` and scaled for fp16."""
-        self.precision.scale(loss / self.config.grad_accum).backward()  # type: ignore[no-untyped-call]
+        if self.config.grad_accum > 1:
+            loss = loss / self.config.grad_accum
+        self.precision.scale(loss).backward()  # type: ignore[no-untyped-call]
 
     def step(self, optimizer: Optimizer, scheduler: Any = None) -> bool:
         """At the end of a window: unscale, clip, step, zero_grad, scheduler. True if stepped."""
@@ -250,11 +253,13 @@ class Run:
             self._optimizers.append(optimizer)
         self.precision.unscale_(optimizer)
         correction = self._accum.correction()
-        params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-        if correction != 1.0:
-            torch._foreach_mul_([p.grad for p in params], correction)
-        if self.config.max_grad_norm is not None:
-            self.last_grad_norm = self.strategy.clip_grad_norm(params, self.config.max_grad_norm)
+        if correction != 1.0 or self.config.max_grad_norm is not None:
+            params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+            if correction != 1.0:
+                torch._foreach_mul_([p.grad for p in params], correction)
+            if self.config.max_grad_norm is not None:
+                norm = self.strategy.clip_grad_norm(params, self.config.max_grad_norm)
+                self.last_grad_norm = norm
         stepped = self.precision.step(optimizer)
         optimizer.zero_grad(set_to_none=True)
         self._accum.reset()
@@ -303,6 +308,10 @@ class Run:
     def print(self, *values: object, **kwargs: Any) -> None:
         """``print`` on the main process only."""
         self.console.print(*values, **kwargs)
+
+    def get_logger(self, name: str = "paratrain") -> logging.Logger:
+        """A ``logging.Logger`` that emits on the main process only."""
+        return self.console.logger(name)
 
     def log(self, metrics: Mapping[str, float], *, step: int | None = None) -> None:
         """Record scalars (main process): ``run_dir/metrics.jsonl`` and TensorBoard if enabled."""
