@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from torch.utils.data import DistributedSampler
 
 from paratrain import to_device
-from paratrain.data import ExactOnceSampler, build_sampler, check_batch_size
+from paratrain.data import ExactOnceSampler, ShardedSampler, build_sampler, check_batch_size
 from paratrain.errors import ConfigError
 from tests.support.training import dataset
 
@@ -23,7 +23,7 @@ def _epoch_order(world: int, rank: int, epoch: int, seed: int = 0, n: int = 50) 
         rank=rank,
         world_size=world,
     )
-    assert isinstance(sampler, DistributedSampler)
+    assert isinstance(sampler, ShardedSampler)
     sampler.set_epoch(epoch)
     return list(sampler)
 
@@ -77,3 +77,35 @@ def test_to_device_handles_nested_containers() -> None:
 def test_batch_size_must_be_positive_integer(bad: object) -> None:
     with pytest.raises(ConfigError, match="per-rank"):
         check_batch_size(bad)
+
+
+def test_sharded_sampler_matches_distributed_sampler() -> None:
+    for n, world, drop_last in [(50, 3, False), (50, 3, True), (7, 4, False), (2, 4, False)]:
+        for rank in range(world):
+            ours = ShardedSampler(
+                n, rank=rank, world_size=world, shuffle=True, seed=5, drop_last=drop_last
+            )
+            ref = DistributedSampler(
+                dataset(n), num_replicas=world, rank=rank, shuffle=True, seed=5, drop_last=drop_last
+            )
+            ours.set_epoch(3)
+            ref.set_epoch(3)
+            assert list(ours) == list(ref) and len(ours) == len(ref)
+
+
+@pytest.mark.parametrize("new_world", [1, 2, 3])
+def test_resumed_pass_continues_the_global_order(new_world: int) -> None:
+    # Two ranks consumed 3 batches of 4 each: the first 24 samples of the global order.
+    full = ShardedSampler(60, rank=0, world_size=1, shuffle=True, seed=0, drop_last=False)
+    full.set_epoch(2)
+    order = list(full)
+    parts = []
+    for rank in range(new_world):
+        s = ShardedSampler(
+            60, rank=rank, world_size=new_world, shuffle=True, seed=0, drop_last=True
+        )
+        s.set_epoch(2)
+        s.set_start(24)
+        parts.append(list(s))
+    seen = sorted(i for p in parts for i in p)
+    assert seen == sorted(order[24 : 24 + len(seen)]) and len(seen) >= 36 - new_world + 1

@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from paratrain import __version__
 from paratrain.entrypoint import exit_on_user_error
+from paratrain.version import __version__
 
 
 def build_parser() -> argparse.ArgumentParser:

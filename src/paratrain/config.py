@@ -41,6 +41,12 @@ class RunConfig:
     """Seeds python, numpy and torch identically on every rank, and the samplers' shuffling."""
     run_dir: str | Path = "runs/paratrain"
     """Where logs, TensorBoard events and saved files go (written by the main process only)."""
+    ckpt_dir: str | Path | None = None
+    """Where :meth:`Run.save` writes and :meth:`Run.resume` looks (default run_dir/checkpoints)."""
+    keep_last: int | None = 3
+    """Keep this many newest checkpoints (the newest valid one is never deleted); None keeps all."""
+    async_save: bool = False
+    """Write checkpoints in the background; training stalls only for the copy to host memory."""
     tensorboard: bool = False
     """Write :meth:`Run.log` scalars as TensorBoard events under ``run_dir/tensorboard``."""
     progress: bool = True
@@ -90,6 +96,8 @@ class RunConfig:
             )
         if not self.timeout_s > 0:
             raise ConfigError(f"timeout_s must be > 0 seconds, got {self.timeout_s}.")
+        if self.keep_last is not None:
+            _positive_int("keep_last", self.keep_last, "or None to keep every checkpoint")
         if self.num_workers is not None and self.num_workers < 0:
             raise ConfigError(f"num_workers must be >= 0, got {self.num_workers}.")
 

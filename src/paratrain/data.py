@@ -5,11 +5,13 @@
         ...
     evaluation = run.eval_loader(test_set, batch_size=256)             # every sample exactly once
 
-Training: a ``DistributedSampler`` (also for one rank, so one seed gives one order everywhere)
-shuffles by ``(seed, epoch)``. Ranks see disjoint slices of one permutation; when the dataset does
-not divide by the world size, the sampler repeats the first few samples so every rank runs the
-same number of batches and no rank waits in a collective for one that has finished. Evaluation:
-:class:`ExactOnceSampler` never pads, so metrics reduced with ``run.reduce`` count each sample once.
+Training: a :class:`ShardedSampler` (``DistributedSampler``'s order, plus resuming mid-epoch;
+used for one rank too, so one seed gives one order everywhere) shuffles by ``(seed, epoch)``.
+Ranks see disjoint slices of one permutation; when the dataset does not divide by the world
+size, the sampler repeats the first few samples so every rank runs the same number of batches
+and no rank waits in a collective for one that has finished. Evaluation:
+:class:`ExactOnceSampler` never pads, so metrics reduced with ``run.reduce`` count each sample
+once.
 """
 
 from __future__ import annotations
@@ -52,6 +54,53 @@ def to_device(batch: T, device: torch.device, *, non_blocking: bool = False) -> 
     return moved  # type: ignore[no-any-return]
 
 
+class ShardedSampler(Sampler[int]):
+    """Rank ``r`` of ``w`` gets ``order[start + r :: w]`` of one epoch-seeded permutation.
+
+    Identical to ``DistributedSampler`` when ``start`` is 0 (same permutation, same padding by
+    repeating the first samples, same ``drop_last``). ``set_start(n)`` skips the first ``n``
+    samples of the global order for one pass: how a resumed run continues mid-epoch, at any
+    world size.
+    """
+
+    def __init__(
+        self, size: int, *, rank: int, world_size: int, shuffle: bool, seed: int, drop_last: bool
+    ) -> None:
+        self.size, self.rank, self.world_size = size, rank, world_size
+        self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
+        self.epoch = 0
+        self.start = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the permutation of ``epoch``."""
+        self.epoch = epoch
+
+    def set_start(self, samples: int) -> None:
+        """Skip the first ``samples`` of the global order in the next pass."""
+        self.start = samples
+
+    def _global_order(self) -> list[int]:
+        if self.shuffle:
+            g = torch.Generator().manual_seed(self.seed + self.epoch)
+            order = torch.randperm(self.size, generator=g).tolist()
+        else:
+            order = list(range(self.size))
+        rest = order[self.start :]
+        if self.drop_last:
+            return rest[: len(rest) // self.world_size * self.world_size]
+        total = -(-len(rest) // self.world_size) * self.world_size
+        while rest and len(rest) < total:
+            rest += rest[: total - len(rest)]
+        return rest
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._global_order()[self.rank :: self.world_size])
+
+    def __len__(self) -> int:
+        rest = max(self.size - self.start, 0)
+        return rest // self.world_size if self.drop_last else -(-rest // self.world_size)
+
+
 class ExactOnceSampler(Sampler[int]):
     """Rank ``r`` of ``w`` gets indices ``r, r + w, r + 2w, ...``: no padding, no duplicates."""
 
@@ -69,31 +118,57 @@ class DeviceLoader(Generic[T]):
     """Wraps a DataLoader: sets the sampler epoch, moves batches, tracks the batches left."""
 
     def __init__(
-        self, loader: DataLoader[Any], device: torch.device, epoch: Callable[[], int]
+        self,
+        loader: DataLoader[Any],
+        device: torch.device,
+        epoch: Callable[[], int],
+        start: Callable[[DeviceLoader[Any], int], int] | None = None,
     ) -> None:
         self.loader = loader
         self.device = device
         self._epoch = epoch
+        self._start = start
         self.batches_left: int | None = None
         """Batches still to come in the current pass; None when the length is unknown."""
+        self.batches_yielded = 0
+        """Batches handed out in the current (or last) pass."""
+        self.pass_start = 0
+        """Global samples skipped at the start of the current pass (a resumed run)."""
+        self.finished = False
+        """True once the last pass ran to its end."""
+        self.pass_seed: Callable[[int], int] | None = None
+        """Seeds the loader's own generator per epoch (worker seeds), when the run owns it."""
 
     def __len__(self) -> int:
         return len(self.loader)
 
     @property
     def sampler(self) -> Any:
-        """The underlying sampler (a DistributedSampler for training loaders)."""
+        """The underlying sampler (a ShardedSampler for training loaders)."""
         return self.loader.sampler
 
     def __iter__(self) -> Iterator[Any]:
-        if isinstance(self.loader.sampler, DistributedSampler):
-            self.loader.sampler.set_epoch(self._epoch())
+        sampler = self.loader.sampler
+        epoch = self._epoch()
+        if isinstance(sampler, (ShardedSampler, DistributedSampler)):
+            sampler.set_epoch(epoch)
+        self.pass_start = self._start(self, epoch) if self._start is not None else 0
+        if self.pass_seed is not None and self.loader.generator is not None:
+            # Iterators draw worker seeds from this generator, not from the global one, so the
+            # model's random stream (dropout) does not depend on when a pass starts: resuming
+            # mid-epoch then replays it exactly.
+            self.loader.generator.manual_seed(self.pass_seed(epoch))
+        if isinstance(sampler, ShardedSampler):
+            sampler.set_start(self.pass_start)
+        self.batches_yielded, self.finished = 0, False
         total = _length(self.loader)
         non_blocking = bool(self.loader.pin_memory) and self.device.type == "cuda"
         for index, batch in enumerate(self.loader):
             self.batches_left = None if total is None else total - index - 1
+            self.batches_yielded = index + 1
             yield to_device(batch, self.device, non_blocking=non_blocking)
         self.batches_left = None
+        self.finished = True
 
 
 def _length(loader: DataLoader[Any]) -> int | None:
@@ -130,7 +205,7 @@ def build_sampler(
     rank: int,
     world_size: int,
 ) -> Sampler[int] | None:
-    """The sampler for a training (``DistributedSampler``) or evaluation loader."""
+    """The sampler for a training (:class:`ShardedSampler`) or evaluation loader."""
     if isinstance(dataset, IterableDataset):
         return None
     if not isinstance(dataset, Sized):
@@ -140,10 +215,10 @@ def build_sampler(
         )
     if not train:
         return ExactOnceSampler(len(dataset), rank=rank, world_size=world_size)
-    return DistributedSampler(
-        dataset,
-        num_replicas=world_size,
+    return ShardedSampler(
+        len(dataset),
         rank=rank,
+        world_size=world_size,
         shuffle=shuffle,
         seed=seed,
         drop_last=drop_last,

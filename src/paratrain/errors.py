@@ -22,3 +22,7 @@ class EnvironmentMismatchError(ParatrainError, RuntimeError):
 
 class ModelError(ParatrainError, ValueError):
     """The model cannot be used as given (no parameters, wrong state, ...)."""
+
+
+class CheckpointError(ParatrainError, RuntimeError):
+    """A checkpoint cannot be read, trusted or matched to the model; the message says which."""

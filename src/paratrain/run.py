@@ -33,9 +33,10 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader, Dataset
 
-from paratrain import collectives, data
+from paratrain import checkpointing, collectives, data
 from paratrain.accumulation import Accumulation
 from paratrain.activation_checkpointing import apply_activation_checkpointing
+from paratrain.checkpoint.store import CheckpointStore
 from paratrain.config import RunConfig
 from paratrain.console import Console
 from paratrain.errors import ConfigError
@@ -84,6 +85,15 @@ class Run:
         """Gradient norm before clipping at the last step (when ``max_grad_norm`` is set)."""
         self._accum = Accumulation(self.config.grad_accum)
         self._train_loaders: list[data.DeviceLoader[Any]] = []
+        self._active_loader: data.DeviceLoader[Any] | None = None
+        self._resume_offset: tuple[int, int] | None = None
+        self._store: CheckpointStore | None = None
+        self.tracked_model: nn.Module | None = None
+        """The model last returned by :meth:`setup` (what :meth:`save` saves by default)."""
+        self.tracked_optimizer: Optimizer | None = None
+        """The optimizer last passed to :meth:`setup`."""
+        self.tracked_scheduler: Any = None
+        """The scheduler last passed to :meth:`step`."""
         self._optimizers: list[Optimizer] = []
         self._batch_reported = False
         self._closed = False
@@ -133,8 +143,10 @@ class Run:
         if self.precision.dtype is not None:
             forward_in_autocast(wrapped, self.precision)
         wrapped._paratrain_setup = True  # type: ignore[assignment]
+        self.tracked_model = wrapped
         if optimizer is None:
             return wrapped
+        self.tracked_optimizer = optimizer
         rebind_optimizer(optimizer, names, dict(self.strategy.unwrap(wrapped).named_parameters()))
         return wrapped, optimizer
 
@@ -200,6 +212,8 @@ class Run:
             workers = data.default_workers(self.device, self.topology.local_world_size)
         kwargs.setdefault("pin_memory", self.device.type == "cuda")
         kwargs.setdefault("persistent_workers", workers > 0)
+        owns_generator = "generator" not in kwargs
+        kwargs.setdefault("generator", torch.Generator())
         loader = DataLoader(
             dataset,
             batch_size=batch_size,
@@ -208,7 +222,27 @@ class Run:
             drop_last=drop_last and train,
             **kwargs,
         )
-        return data.DeviceLoader(loader, self.device, lambda: self.epoch)
+        device_loader = data.DeviceLoader(
+            loader, self.device, lambda: self.epoch, self._pass_start if train else None
+        )
+        if owns_generator:
+            seed, rank = self.config.seed, self.rank
+            device_loader.pass_seed = lambda epoch: (seed * 1_000_003 + epoch) * 4099 + rank
+        return device_loader
+
+    def _pass_start(self, loader: data.DeviceLoader[Any], epoch: int) -> int:
+        """Called as a training loader starts a pass: the samples to skip (resumed runs)."""
+        self._active_loader = loader
+        if self._resume_offset is not None and self._resume_offset[0] == epoch:
+            offset, self._resume_offset = self._resume_offset[1], None
+            return offset
+        return 0
+
+    def active_loader(self, *, any_pass: bool = False) -> data.DeviceLoader[Any] | None:
+        """The training loader of the current pass (or, with ``any_pass``, the newest one)."""
+        if self._active_loader is None and any_pass and self._train_loaders:
+            return self._train_loaders[-1]
+        return self._active_loader
 
     # -- the loop -------------------------------------------------------------------------
     def epochs(self, count: int) -> Iterator[int]:
@@ -251,6 +285,8 @@ class Run:
             return False
         if optimizer not in self._optimizers:
             self._optimizers.append(optimizer)
+        if scheduler is not None:
+            self.tracked_scheduler = scheduler
         self.precision.unscale_(optimizer)
         correction = self._accum.correction()
         if correction != 1.0 or self.config.max_grad_norm is not None:
@@ -326,13 +362,69 @@ class Run:
         self.barrier()
         return path
 
+    # -- checkpoints ----------------------------------------------------------------------
+    @property
+    def store(self) -> CheckpointStore:
+        """Where checkpoints of this run go (``ckpt_dir``, default ``run_dir/checkpoints``)."""
+        if self._store is None:
+            self._store = checkpointing.make_store(self)
+        return self._store
+
+    def save(
+        self,
+        *,
+        model: nn.Module | None = None,
+        optimizer: Optimizer | None = None,
+        scheduler: Any = None,
+        extras: dict[str, Any] | None = None,
+    ) -> Path | None:
+        """Checkpoint the whole training state. Every rank calls it; see :mod:`checkpointing`."""
+        return checkpointing.save(
+            self, model=model, optimizer=optimizer, scheduler=scheduler, extras=extras
+        )
+
+    def resume(
+        self,
+        *,
+        model: nn.Module | None = None,
+        optimizer: Optimizer | None = None,
+        scheduler: Any = None,
+        keep_global_batch: bool = False,
+    ) -> dict[str, Any] | None:
+        """Continue from the newest valid checkpoint; return its extras, or None if none."""
+        return checkpointing.resume(
+            self,
+            model=model,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            keep_global_batch=keep_global_batch,
+        )
+
+    def resume_at(self, epoch: int, samples_in_epoch: int, step: int) -> None:
+        """Continue the loop at ``epoch`` after ``samples_in_epoch`` samples, at ``step``."""
+        self.epoch, self.global_step = epoch, step
+        self._resume_offset = (epoch, samples_in_epoch)
+
+    def accumulation_window(self) -> int:
+        """Micro-batches run since the last optimizer step."""
+        return self._accum.window
+
+    def set_grad_accum(self, every: int) -> None:
+        """Change the micro-batches per step (between steps only)."""
+        self.config.grad_accum = every
+        self._accum.every = every
+
     # -- lifetime -------------------------------------------------------------------------
     def close(self) -> None:
         """Close logs and destroy the process group this run created. Safe to call twice."""
         if self._closed:
             return
         self._closed = True
-        self.console.close()
+        try:
+            if self._store is not None:
+                self._store.wait()
+        finally:
+            self.console.close()
         destroy_process_group(self._owns_group)
 
     def __enter__(self) -> Run:

@@ -28,6 +28,8 @@ class Strategy:
     """True when the strategy cannot run without a GPU."""
     multi_process: ClassVar[bool] = False
     """True when every rank is its own process: needs a process group and sharded data."""
+    sharded_state: ClassVar[bool] = False
+    """True when no rank holds the full state: checkpoints are written by every rank (DCP)."""
 
     def __init__(self, *, config: RunConfig, topology: Topology, device: torch.device) -> None:
         self.config = config

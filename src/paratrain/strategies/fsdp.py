@@ -31,6 +31,7 @@ class FSDPStrategy(Strategy):
 
     name: ClassVar[str] = "fsdp"
     multi_process: ClassVar[bool] = True
+    sharded_state: ClassVar[bool] = True
 
     @classmethod
     def check(cls, config: RunConfig, topology: Topology, accelerator: str, gpus: int) -> None:

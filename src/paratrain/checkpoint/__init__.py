@@ -1,0 +1,1 @@
+"""Portable, crash-safe checkpoints: the store, the manifest, safe readers of foreign formats."""

@@ -1,0 +1,111 @@
+"""A checkpoint's manifest: what it holds, who wrote it, and a checksum per file.
+
+    manifest = Manifest.read(folder)          # CheckpointError if missing or malformed
+    problems = manifest.verify(folder)        # [] when every file is present and intact
+
+The manifest is written last, after every other file is durable; a folder without one was never
+committed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from paratrain.checkpoint.files import crc_file
+from paratrain.errors import CheckpointError
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+
+
+@dataclass(kw_only=True, slots=True)
+class FileRecord:
+    """One file of a checkpoint."""
+
+    crc32: int
+    """zlib CRC32 of the file's bytes."""
+    bytes: int
+    """Size of the file."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Manifest:
+    """Everything needed to trust and interpret a checkpoint folder."""
+
+    format_version: int = FORMAT_VERSION
+    """Layout version of paratrain checkpoints."""
+    paratrain_version: str
+    """paratrain version that wrote it."""
+    torch_version: str
+    """torch version that wrote it."""
+    layout: str
+    """``replicated`` (one full copy, safetensors) or ``sharded`` (DCP folder)."""
+    strategy: str
+    """Strategy of the run that wrote it."""
+    world_size: int
+    """Ranks of the run that wrote it."""
+    per_rank_batch: int | None
+    """Per-rank batch of the training loader (None when no loader was made)."""
+    grad_accum: int
+    """Micro-batches per step."""
+    epoch: int
+    """Epoch in progress when saved."""
+    step: int
+    """Optimizer steps taken."""
+    samples_in_epoch: int
+    """Samples of the current epoch consumed by all ranks together."""
+    created: float
+    """Unix time of the save."""
+    files: dict[str, FileRecord] = field(default_factory=dict)
+    """Every file of the checkpoint (relative path) with its checksum."""
+
+    @property
+    def global_batch(self) -> int | None:
+        """Samples per optimizer step over all ranks."""
+        if self.per_rank_batch is None:
+            return None
+        return self.per_rank_batch * self.world_size * self.grad_accum
+
+    def to_json(self) -> str:
+        """The manifest as JSON text."""
+        return json.dumps({**asdict(self), "global_batch": self.global_batch}, indent=1)
+
+    @classmethod
+    def read(cls, folder: Path) -> Manifest:
+        """Load ``folder/manifest.json``."""
+        path = folder / MANIFEST
+        if not path.is_file():
+            raise CheckpointError(
+                f"{folder} has no {MANIFEST}: it is not a committed paratrain checkpoint (an "
+                "interrupted save leaves such a folder). Use an older checkpoint, or "
+                "`paratrain ckpt inspect` to see what it is."
+            )
+        try:
+            raw: dict[str, Any] = json.loads(path.read_text())
+            raw.pop("global_batch", None)
+            raw["files"] = {k: FileRecord(**v) for k, v in raw.get("files", {}).items()}
+            manifest = cls(**raw)
+        except (ValueError, TypeError) as err:
+            raise CheckpointError(f"{path} is corrupt ({err}). Use another checkpoint.") from None
+        if manifest.format_version > FORMAT_VERSION:
+            raise CheckpointError(
+                f"{folder} uses checkpoint format {manifest.format_version}, newer than this "
+                f"paratrain reads ({FORMAT_VERSION}). Upgrade paratrain."
+            )
+        return manifest
+
+    def verify(self, folder: Path) -> list[str]:
+        """Problems found (missing, resized or corrupted files); empty when intact."""
+        problems = []
+        for name, record in self.files.items():
+            path = folder / name
+            if not path.is_file():
+                problems.append(f"{name} is missing")
+            elif path.stat().st_size != record.bytes:
+                problems.append(f"{name} has {path.stat().st_size} bytes, expected {record.bytes}")
+            elif crc_file(path) != record.crc32:
+                problems.append(f"{name} fails its checksum (corrupted)")
+        return problems

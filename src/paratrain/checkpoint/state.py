@@ -1,0 +1,92 @@
+"""Model and optimizer state in a portable form: FQN keys, no wrapper prefixes, flat tensors.
+
+    model_sd, optim_sd = collect(target, optimizer, full=True)     # every rank calls it
+    tensors, meta = flatten_optimizer(optim_sd)                    # safetensors + plain data
+    apply(target, optimizer, model_sd, unflatten_optimizer(tensors, meta), full=True)
+
+``torch.distributed.checkpoint.state_dict`` does the unwrapping: the same keys come out of a
+plain module, DDP, FSDP2 and ``torch.compile`` (``_orig_mod.``), so a checkpoint written under
+one strategy loads under any other.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
+from torch.optim import Optimizer
+
+from paratrain.errors import CheckpointError
+
+_SEP = "\x1f"  # unit separator: cannot occur in a parameter name or a state key
+
+
+def collect(
+    target: nn.Module, optimizer: Optimizer | None, *, full: bool
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(model state, optimizer state); ``full`` gathers sharded tensors onto CPU."""
+    options = StateDictOptions(full_state_dict=full, cpu_offload=full)
+    if optimizer is None:
+        return get_model_state_dict(target, options=options), {}
+    model_sd, optim_sd = get_state_dict(target, optimizer, options=options)
+    return model_sd, optim_sd
+
+
+def apply(
+    target: nn.Module,
+    optimizer: Optimizer | None,
+    model_sd: dict[str, Any],
+    optim_sd: dict[str, Any],
+    *,
+    full: bool,
+) -> None:
+    """Load states produced by :func:`collect` (at any world size or strategy)."""
+    options = StateDictOptions(full_state_dict=full, strict=True)
+    try:
+        if optimizer is None or not optim_sd:
+            set_model_state_dict(target, model_sd, options=options)
+        else:
+            set_state_dict(
+                target,
+                optimizer,
+                model_state_dict=model_sd,
+                optim_state_dict=optim_sd,
+                options=options,
+            )
+    except (RuntimeError, KeyError, ValueError) as err:
+        raise CheckpointError(
+            f"The checkpoint does not fit this model/optimizer: {str(err).strip(' .')}. Resume "
+            "with the model "
+            "and optimizer that wrote it, or load the weights alone with paratrain.load_weights "
+            "to see a report of missing, unexpected and mismatched keys."
+        ) from None
+
+
+def flatten_optimizer(optim_sd: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Split an FQN-keyed optimizer state into tensors and plain data."""
+    tensors: dict[str, torch.Tensor] = {}
+    plain: dict[str, dict[str, Any]] = {}
+    for fqn, entries in optim_sd.get("state", {}).items():
+        for key, value in entries.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"{fqn}{_SEP}{key}"] = value
+            else:
+                plain.setdefault(fqn, {})[key] = value
+    return tensors, {"param_groups": optim_sd.get("param_groups", []), "state": plain}
+
+
+def unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict[str, Any]:
+    """Inverse of :func:`flatten_optimizer`."""
+    state: dict[str, dict[str, Any]] = {k: dict(v) for k, v in meta.get("state", {}).items()}
+    for name, tensor in tensors.items():
+        fqn, key = name.split(_SEP)
+        state.setdefault(fqn, {})[key] = tensor
+    return {"state": state, "param_groups": meta.get("param_groups", [])}

@@ -1,0 +1,325 @@
+"""Checkpoint folders on disk: crash-safe commit, verification, rotation, and loading.
+
+    store = CheckpointStore(Path("runs/exp/checkpoints"), keep_last=3)
+    store.save(request)              # collective; new temp folder -> fsync -> manifest -> rename
+    found = store.latest_valid()     # newest folder whose manifest and checksums verify
+    trainer = store.load(found, target, optimizer, sharded=False)
+
+Layout of ``step-00000120/``: ``model.safetensors`` and ``optimizer.safetensors`` (replicated
+strategies, written by rank 0) or ``dcp/`` (FSDP, every rank writes its shards), ``trainer.pt``
+(plain data: position, scheduler, scaler, RNG of every rank, extras) and ``manifest.json``, written
+last with a CRC32 per file. A save never writes into a folder that holds a committed checkpoint.
+"""
+
+from __future__ import annotations
+
+import datetime
+import io
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file
+from torch import nn
+from torch.distributed.checkpoint.filesystem import FileSystemWriter
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import async_save
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+from torch.optim import Optimizer
+
+from paratrain.checkpoint import state as st
+from paratrain.checkpoint.dcp_io import SafePlanner, SafeReader
+from paratrain.checkpoint.files import (
+    crc_file,
+    fsync_dir,
+    write_bytes_durable,
+    write_safetensors,
+)
+from paratrain.checkpoint.manifest import MANIFEST, FileRecord, Manifest
+from paratrain.errors import CheckpointError
+
+PREFIX = "step-"
+
+
+@dataclass(kw_only=True)
+class SaveRequest:
+    """What one save writes."""
+
+    target: nn.Module
+    optimizer: Optimizer | None
+    trainer: dict[str, Any]
+    """Plain data: position, scheduler, scaler, extras (RNG is added by the store)."""
+    manifest: Manifest
+    sharded: bool
+
+
+@dataclass
+class _Pending:
+    thread: threading.Thread | None = None
+    future: Future[Any] | None = None
+    error: list[BaseException] = field(default_factory=list)
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+class CheckpointStore:
+    """Saves to and loads from one checkpoint directory."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        keep_last: int | None,
+        check_timeout_s: float,
+        warn: Callable[[str], None],
+    ) -> None:
+        self.directory = Path(directory)
+        self.keep_last = keep_last
+        self.check_timeout_s = check_timeout_s
+        self.warn = warn
+        self._pending = _Pending()
+        self._async_group: Any = None
+
+    # -- saving ---------------------------------------------------------------------------
+    def save(self, request: SaveRequest, *, background: bool = False) -> Path | None:
+        """Write and commit a checkpoint (collective). Returns its folder (None if skipped)."""
+        self.wait()
+        self._check_every_rank_called()
+        rank = dist.get_rank() if _distributed() else 0
+        final = self.directory / f"{PREFIX}{request.manifest.step:08d}"
+        tmp = self._agree_on_tmp(final)
+        if tmp is None:
+            return None
+        model_sd, optim_sd = st.collect(request.target, request.optimizer, full=not request.sharded)
+        rng = _gather_rng(request.trainer.pop("rng"))
+        if request.sharded:
+            self._save_sharded(request, tmp, final, model_sd, optim_sd, rng, background)
+        elif rank == 0:
+            if background:  # the host copy is the only stall; writing happens in a thread
+                model_sd = {k: v.detach().clone() for k, v in model_sd.items()}
+                optim_sd = _clone_tensors(optim_sd)
+                self._start(
+                    lambda: self._write_replicated(request, tmp, final, model_sd, optim_sd, rng)
+                )
+            else:
+                self._write_replicated(request, tmp, final, model_sd, optim_sd, rng)
+        if not background and _distributed():
+            dist.barrier()
+        return final
+
+    def _check_every_rank_called(self) -> None:
+        if not _distributed():
+            return
+        try:
+            dist.monitored_barrier(
+                timeout=datetime.timedelta(seconds=self.check_timeout_s), wait_all_ranks=True
+            )
+        except RuntimeError as err:
+            raise CheckpointError(
+                f"run.save() is collective: every rank must call it (only rank 0 writes). "
+                f"Not every rank arrived within {self.check_timeout_s:.0f}s: {err}. Call "
+                "run.save() on all ranks instead of under `if run.is_main:`."
+            ) from None
+
+    def _agree_on_tmp(self, final: Path) -> Path | None:
+        name: list[str | None] = [None]
+        if (dist.get_rank() if _distributed() else 0) == 0:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            for stale in self.directory.glob(".tmp-*"):
+                shutil.rmtree(stale, ignore_errors=True)  # an interrupted save's leftovers
+            if final.exists():
+                self.warn(f"{final} already exists (saved at this step); not saved again.")
+            else:
+                tmp = self.directory / f".tmp-{final.name}-{os.getpid()}-{time.time_ns()}"
+                tmp.mkdir()
+                name[0] = str(tmp)
+        if _distributed():
+            dist.broadcast_object_list(name, src=0)
+        return None if name[0] is None else Path(name[0])
+
+    def _write_replicated(
+        self,
+        request: SaveRequest,
+        tmp: Path,
+        final: Path,
+        model_sd: dict[str, Any],
+        optim_sd: dict[str, Any],
+        rng: list[Any],
+    ) -> None:
+        records = {"model.safetensors": write_safetensors(tmp / "model.safetensors", model_sd)}
+        tensors, meta = st.flatten_optimizer(optim_sd)
+        records["optimizer.safetensors"] = write_safetensors(tmp / "optimizer.safetensors", tensors)
+        trainer = {**request.trainer, "rng": rng, "optimizer_meta": meta}
+        self._commit(request.manifest, tmp, final, records, trainer)
+
+    def _save_sharded(
+        self,
+        request: SaveRequest,
+        tmp: Path,
+        final: Path,
+        model_sd: dict[str, Any],
+        optim_sd: dict[str, Any],
+        rng: list[Any],
+        background: bool,
+    ) -> None:
+        state = {"model": model_sd, "optimizer": optim_sd}
+        writer = FileSystemWriter(str(tmp / "dcp"), sync_files=True, overwrite=False)
+        trainer = {**request.trainer, "rng": rng}
+
+        def commit() -> None:
+            if (dist.get_rank() if _distributed() else 0) == 0:
+                self._commit(request.manifest, tmp, final, _records_of(tmp / "dcp", tmp), trainer)
+
+        if not background:
+            dcp_save(state, storage_writer=writer)
+            if _distributed():
+                dist.barrier()
+            commit()
+            return
+        if _distributed() and self._async_group is None:
+            self._async_group = dist.new_group(backend="gloo")  # async collectives need their own
+        future: Any = async_save(state, storage_writer=writer, process_group=self._async_group)
+
+        def finish() -> None:
+            future.result()  # every rank's shards and the metadata are on disk
+            commit()
+
+        self._start(finish)
+
+    def _commit(
+        self,
+        manifest: Manifest,
+        tmp: Path,
+        final: Path,
+        records: dict[str, tuple[int, int]],
+        trainer: dict[str, Any],
+    ) -> None:
+        buffer = io.BytesIO()
+        torch.save(trainer, buffer)
+        records["trainer.pt"] = write_bytes_durable(tmp / "trainer.pt", buffer.getvalue())
+        manifest.files = {k: FileRecord(crc32=c, bytes=b) for k, (c, b) in records.items()}
+        manifest.created = time.time()
+        write_bytes_durable(tmp / MANIFEST, manifest.to_json().encode())
+        for folder in {tmp, *((tmp / name).parent for name in records)}:
+            fsync_dir(folder)
+        os.rename(tmp, final)  # the commit point
+        fsync_dir(self.directory)
+        self._rotate()
+
+    def _rotate(self) -> None:
+        if self.keep_last is None:
+            return
+        committed = self.committed()
+        for old in committed[max(self.keep_last, 1) :]:  # never the newest
+            shutil.rmtree(old, ignore_errors=True)
+
+    def _start(self, work: Callable[[], object]) -> None:
+        pending = self._pending
+
+        def run() -> None:
+            try:
+                work()
+            except BaseException as err:  # reported by wait()
+                pending.error.append(err)
+
+        pending.thread = threading.Thread(target=run, name="paratrain-async-save", daemon=False)
+        pending.thread.start()
+
+    def wait(self) -> None:
+        """Block until an in-flight asynchronous save is committed; re-raise its error."""
+        pending, self._pending = self._pending, _Pending()
+        if pending.thread is not None:
+            pending.thread.join()
+        elif pending.future is not None:
+            pending.future.result()
+        if pending.error:
+            raise CheckpointError(f"The asynchronous save failed: {pending.error[0]}") from None
+
+    # -- finding and loading ------------------------------------------------------------------
+    def committed(self) -> list[Path]:
+        """Committed checkpoint folders, newest step first."""
+        if not self.directory.is_dir():
+            return []
+        found = [p for p in self.directory.glob(f"{PREFIX}*") if (p / MANIFEST).is_file()]
+        return sorted(found, key=lambda p: p.name, reverse=True)
+
+    def latest_valid(self) -> tuple[Path, Manifest] | None:
+        """Newest checkpoint whose manifest reads and whose files verify; warns about others."""
+        for folder in self.committed():
+            try:
+                manifest = Manifest.read(folder)
+            except CheckpointError as err:
+                self.warn(f"skipping {folder}: {err}")
+                continue
+            problems = manifest.verify(folder)
+            if not problems:
+                return folder, manifest
+            self.warn(f"skipping {folder}: {'; '.join(problems)}")
+        return None
+
+    def load(
+        self, folder: Path, target: nn.Module, optimizer: Optimizer | None, *, sharded: bool
+    ) -> dict[str, Any]:
+        """Restore model and optimizer from ``folder``; return the plain trainer data."""
+        trainer = load_trainer(folder)
+        if (folder / "dcp").is_dir():
+            model_sd, optim_sd = st.collect(target, optimizer, full=False)
+            state = {"model": model_sd, "optimizer": optim_sd} if optim_sd else {"model": model_sd}
+            dcp_load(state, storage_reader=SafeReader(str(folder / "dcp")), planner=SafePlanner())
+            st.apply(target, optimizer, state["model"], state.get("optimizer", {}), full=False)
+        else:
+            model_sd = load_file(str(folder / "model.safetensors"))
+            optim_sd = st.unflatten_optimizer(
+                load_file(str(folder / "optimizer.safetensors")), trainer["optimizer_meta"]
+            )
+            st.apply(target, optimizer, model_sd, optim_sd, full=True)
+        return trainer
+
+
+def load_trainer(folder: Path) -> dict[str, Any]:
+    """``trainer.pt`` of a checkpoint, loaded with ``weights_only=True``."""
+    try:
+        data: dict[str, Any] = torch.load(folder / "trainer.pt", weights_only=True)
+    except Exception as err:
+        raise CheckpointError(
+            f"{folder / 'trainer.pt'} cannot be loaded safely ({err}). If it holds extras of "
+            "your own classes, load them yourself with torch.load(..., weights_only=False) "
+            "only if you trust the file."
+        ) from None
+    return data
+
+
+def _records_of(root: Path, base: Path) -> dict[str, tuple[int, int]]:
+    return {
+        str(p.relative_to(base)): (crc_file(p), p.stat().st_size)
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def _gather_rng(local: Any) -> list[Any]:
+    if not _distributed():
+        return [local]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, local)
+    return out
+
+
+def _clone_tensors(tree: Any) -> Any:
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().clone()
+    if isinstance(tree, dict):
+        return {k: _clone_tensors(v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_clone_tensors(v) for v in tree]
+    return tree

@@ -1,0 +1,115 @@
+"""Save / resume in one process: bit-identical continuation, verification, rotation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import paratrain as pt
+from paratrain.errors import ConfigError
+from tests.support.training import dataset, max_abs_diff, mlp
+
+
+def train_run(
+    ckpt: Path,
+    *,
+    epochs: int = 2,
+    stop_at: int | None = None,
+    resume: bool = False,
+    **settings: Any,
+) -> dict[str, Any]:
+    """Train (optionally resuming); with ``stop_at``, save at that step and stop."""
+    settings = {"strategy": "cpu", "progress": False, "ckpt_dir": ckpt, "seed": 0, **settings}
+    with pt.Run(**settings) as run:
+        net = nn.Sequential(mlp(), nn.Dropout(0.2))  # dropout: the RNG state matters
+        model, opt = run.setup(net, torch.optim.AdamW(net.parameters(), lr=1e-2))
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+        loader = run.loader(dataset(40), batch_size=4)
+        if resume:
+            assert run.resume(scheduler=sched) == {"note": "hi"}
+        losses = []
+        for _ in run.epochs(epochs):
+            for x, y in loader:
+                with run.accumulate(model):
+                    loss = nn.functional.cross_entropy(model(x), y)
+                    run.backward(loss)
+                run.step(opt, sched)
+                losses.append(loss.item())
+                if stop_at is not None and run.global_step == stop_at:
+                    run.save(extras={"note": "hi"})
+                    return {"losses": losses}
+        return {
+            "losses": losses,
+            "weights": run.unwrap(model).state_dict(),
+            "lr": sched.get_last_lr(),
+            "step": run.global_step,
+        }
+
+
+@pytest.mark.parametrize(
+    "settings", [{}, {"grad_accum": 2}, {"precision": "fp16"}, {"async_save": True}]
+)
+def test_resume_mid_epoch_is_bit_identical(tmp_path: Path, settings: dict[str, Any]) -> None:
+    straight = train_run(tmp_path / "a", **settings)
+    first = train_run(tmp_path / "b", stop_at=13 // settings.get("grad_accum", 1), **settings)
+    rest = train_run(tmp_path / "b", resume=True, **settings)
+    assert first["losses"] + rest["losses"] == straight["losses"]
+    assert max_abs_diff(rest["weights"], straight["weights"]) == 0.0
+    assert rest["lr"] == straight["lr"] and rest["step"] == straight["step"]
+
+
+def test_corrupt_newest_is_skipped_with_a_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    train_run(tmp_path, stop_at=4, keep_last=None)
+    train_run(tmp_path, stop_at=8, keep_last=None)
+    newest = tmp_path / "step-00000008" / "model.safetensors"
+    data = bytearray(newest.read_bytes())
+    data[-3] ^= 0x10  # one flipped bit in a weight
+    newest.write_bytes(bytes(data))
+    with pt.Run(strategy="cpu", ckpt_dir=tmp_path, progress=False) as run:
+        run.setup(nn.Sequential(mlp(), nn.Dropout(0.2)))
+        run.resume()
+        assert run.global_step == 4
+    err = capsys.readouterr().err
+    assert "skipping" in err and "step-00000008" in err and "checksum" in err
+
+
+def test_rotation_keeps_the_newest(tmp_path: Path) -> None:
+    for stop in (2, 4, 6, 8):
+        train_run(tmp_path, stop_at=stop, keep_last=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000006", "step-00000008"]
+
+
+def test_save_inside_an_accumulation_window_is_refused(tmp_path: Path) -> None:
+    with pt.Run(strategy="cpu", ckpt_dir=tmp_path, grad_accum=2, progress=False) as run:
+        model = run.setup(mlp())
+        x, y = dataset(4)[:]
+        with run.accumulate(model):
+            run.backward(nn.functional.cross_entropy(model(x), y))
+        with pytest.raises(ConfigError, match="accumulation window"):
+            run.save()
+
+
+def test_resume_without_checkpoint_starts_fresh(tmp_path: Path) -> None:
+    with pt.Run(strategy="cpu", ckpt_dir=tmp_path / "none", progress=False) as run:
+        run.setup(mlp())
+        assert run.resume() is None and run.global_step == 0
+
+
+def test_checkpoint_files_are_plain_and_prefix_free(tmp_path: Path) -> None:
+    train_run(tmp_path, stop_at=3)
+    folder = tmp_path / "step-00000003"
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "manifest.json",
+        "model.safetensors",
+        "optimizer.safetensors",
+        "trainer.pt",
+    ]
+    state = pt.checkpoint.loading.read_state_dict(folder)[0]
+    assert set(state) == {f"0.{k}" for k in mlp().state_dict()}
+    torch.load(folder / "trainer.pt", weights_only=True)  # no pickled code inside
