@@ -222,7 +222,7 @@ class Run:
             drop_last=drop_last and train,
             **kwargs,
         )
-        device_loader = data.DeviceLoader(
+        device_loader: data.DeviceLoader[Any] = data.DeviceLoader(
             loader, self.device, lambda: self.epoch, self._pass_start if train else None
         )
         if owns_generator:
