@@ -30,6 +30,11 @@ _ALLOWED = {
     ("collections", "OrderedDict"),
     ("builtins", "set"),
     ("builtins", "frozenset"),
+    # The writer records its checkpoint_id as a path; building a path object runs no user code.
+    ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"),
+    ("pathlib", "WindowsPath"),
+    ("pathlib", "PureWindowsPath"),
 }
 
 

@@ -80,8 +80,9 @@ class Strategy:
         yield
 
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        """Complete, unprefixed weights on CPU (complete on the main process at least)."""
-        return {k: v.detach().cpu() for k, v in self.unwrap(model).state_dict().items()}
+        """A CPU copy of the complete, unprefixed weights (complete on the main process at least)."""
+        state = self.unwrap(model).state_dict()
+        return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
 
     def clip_grad_norm(self, params: list[torch.Tensor], max_norm: float) -> float:
         """Clip the global gradient norm of ``params``; return the norm before clipping."""

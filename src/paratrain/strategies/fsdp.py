@@ -70,7 +70,8 @@ class FSDPStrategy(Strategy):
         # A collective: every rank must call it. With cpu_offload only rank 0 holds the tensors.
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         state = get_model_state_dict(model, options=options)
-        return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+        # On one CPU rank the "offloaded" tensors can alias the live parameters: copy them.
+        return {k: v.clone() for k, v in state.items() if isinstance(v, torch.Tensor)}
 
     def clip_grad_norm(self, params: list[torch.Tensor], max_norm: float) -> float:
         # The norm of sharded (DTensor) gradients is itself a DTensor reduced over all ranks.
