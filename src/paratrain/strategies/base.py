@@ -80,7 +80,7 @@ class Strategy:
         yield
 
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        """A CPU copy of the complete, unprefixed weights (complete on the main process at least)."""
+        """A CPU copy of the complete, unprefixed weights (complete on the main process)."""
         state = self.unwrap(model).state_dict()
         return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
 
