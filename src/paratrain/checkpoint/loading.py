@@ -12,6 +12,7 @@ with ``weights_only=True``; a pickled ``nn.Module`` needs ``trust=True``.
 from __future__ import annotations
 
 import pickle
+import warnings
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,7 +106,10 @@ def _read_dcp(folder: Path, *, prefix: str) -> dict[str, torch.Tensor]:
         if isinstance(m, TensorStorageMetadata) and fqn.startswith(prefix)
     }
     try:
-        dcp_load(state, storage_reader=SafeReader(str(folder)), planner=SafePlanner(), no_dist=True)
+        with warnings.catch_warnings():  # "assuming ... a single process": that is the intent
+            warnings.simplefilter("ignore", UserWarning)
+            reader = SafeReader(str(folder))
+            dcp_load(state, storage_reader=reader, planner=SafePlanner(), no_dist=True)
     except Exception as err:
         raise CheckpointError(f"{folder} could not be read as a DCP checkpoint: {err}") from None
     return {k[len(prefix) :]: v for k, v in state.items()}
