@@ -15,6 +15,7 @@ from paratrain.version import __version__
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every subcommand registered."""
+    from paratrain.checkpoint.command import add_parser as add_ckpt
     from paratrain.demo.command import add_parser as add_demo
 
     parser = argparse.ArgumentParser(
@@ -24,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"paratrain {__version__}")
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
     add_demo(subparsers)
+    add_ckpt(subparsers)
     return parser
 
 

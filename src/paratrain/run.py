@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar, overload
@@ -36,6 +34,7 @@ from torch.utils.data import DataLoader, Dataset
 from paratrain import checkpointing, collectives, data
 from paratrain.accumulation import Accumulation
 from paratrain.activation_checkpointing import apply_activation_checkpointing
+from paratrain.checkpoint.files import atomic_torch_save
 from paratrain.checkpoint.store import CheckpointStore
 from paratrain.config import RunConfig
 from paratrain.console import Console
@@ -358,7 +357,7 @@ class Run:
         state = self.strategy.full_state_dict(model)
         path = Path(path)
         if self.is_main:
-            _atomic_save(state, path)
+            atomic_torch_save(state, path)
         self.barrier()
         return path
 
@@ -449,23 +448,3 @@ def _topology() -> Topology:
             source="process group",
         )
     return topo
-
-
-def _atomic_save(state: Mapping[str, torch.Tensor], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(dict(state), f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)

@@ -10,11 +10,13 @@ almost nothing on top of a plain write + fsync.
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import tempfile
 import threading
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
@@ -108,3 +110,30 @@ def write_safetensors(
     raw += b" " * (-len(raw) % 8)  # the format aligns the data section to 8 bytes
     head = memoryview(len(raw).to_bytes(8, "little") + raw)
     return write_durable(path, [head, *views])
+
+
+def atomic_replace(path: Path, write: Callable[[Path], object]) -> None:
+    """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        tmp.unlink()
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def atomic_torch_save(obj: object, path: Path) -> None:
+    """``torch.save`` that leaves either the old file or the complete new one, never half."""
+
+    def write(tmp: Path) -> None:
+        buffer = io.BytesIO()
+        torch.save(obj, buffer)
+        write_bytes_durable(tmp, buffer.getvalue())
+
+    atomic_replace(path, write)

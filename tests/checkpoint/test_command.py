@@ -1,0 +1,90 @@
+"""``paratrain ckpt``: inspect, verify, convert (round trips through every format), diff."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import paratrain as pt
+from paratrain.cli import main
+from tests.support.training import mlp
+
+
+def _cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    try:
+        code = main(["ckpt", *args])
+    except SystemExit as exit_info:  # user errors exit with 2 from inside
+        code = int(exit_info.code or 0)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> dict[str, Path]:
+    torch.manual_seed(0)
+    model = mlp()
+    torch.save(nn.DataParallel(model).state_dict(), tmp_path / "dp.pth")
+    with pt.Run(strategy="cpu", ckpt_dir=tmp_path / "ckpts", progress=False) as run:
+        run.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        folder = run.save(extras={"best": 0.5})
+    assert folder is not None
+    return {"dp": tmp_path / "dp.pth", "ckpt": folder, "root": tmp_path / "ckpts", "tmp": tmp_path}
+
+
+def test_inspect_reports_prefixes_and_resume_state(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = _cli(["inspect", str(files["dp"]), "--json"], capsys)
+    report = json.loads(out)
+    assert code == 0 and report["wrapper_prefixes"] == {"module.": 6}
+    assert report["parameters"] == sum(p.numel() for p in mlp().parameters())
+    code, out, _ = _cli(["inspect", str(files["ckpt"]), "--json"], capsys)
+    report = json.loads(out)
+    assert report["saved_by"]["strategy"] == "cpu" and report["saved_by"]["world_size"] == 1
+    assert report["resume_state"]["optimizer"] and report["resume_state"]["extras"] == ["best"]
+
+
+def test_verify_exit_codes(files: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    assert _cli(["verify", str(files["root"])], capsys)[0] == 0
+    weights = files["ckpt"] / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0x04
+    weights.write_bytes(bytes(data))
+    code, out, _ = _cli(["verify", str(files["ckpt"])], capsys)
+    assert code == 1 and "fails its checksum" in out
+
+
+@pytest.mark.parametrize(
+    "chain",
+    [["pt"], ["safetensors"], ["dcp"], ["dcp", "pt"], ["safetensors", "dcp", "safetensors"]],
+)
+def test_convert_round_trips(
+    files: dict[str, Path], chain: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = files["dp"]
+    for i, fmt in enumerate(chain):
+        dst = files["tmp"] / f"out{i}.{fmt}"
+        assert _cli(["convert", str(src), str(dst), "--to", fmt], capsys)[0] == 0
+        src = dst
+    code, out, _ = _cli(["diff", str(files["dp"]), str(src), "--json"], capsys)
+    assert code == 0 and json.loads(out)["identical"]
+    target = mlp()
+    pt.load_weights(target, src)
+
+
+def test_convert_never_overwrites_and_diff_reports(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = _cli(["convert", str(files["dp"]), str(files["ckpt"]), "--to", "pt"], capsys)
+    assert code == 2 and "already exists" in err and (files["ckpt"] / "manifest.json").exists()
+    torch.save({"0.weight": torch.zeros(16, 6)}, files["tmp"] / "other.pt")
+    code, out, _ = _cli(
+        ["diff", str(files["dp"]), str(files["tmp"] / "other.pt"), "--json"], capsys
+    )
+    result = json.loads(out)
+    assert code == 1 and not result["identical"] and "0.bias" in result["only_in_a"]
+    assert "0.weight" in result["max_abs_diff"]
