@@ -89,6 +89,7 @@ class CheckpointStore:
         self.warn = warn
         self._pending = _Pending()
         self._async_group: Any = None
+        self._staging: dict[str, torch.Tensor] = {}
 
     # -- saving ---------------------------------------------------------------------------
     def save(self, request: SaveRequest, *, background: bool = False) -> Path | None:
@@ -106,7 +107,7 @@ class CheckpointStore:
             self._save_sharded(request, tmp, final, model_sd, optim_sd, rng, background)
         elif rank == 0:
             if background:  # the host copy is the only stall; writing happens in a thread
-                model_sd = {k: v.detach().clone() for k, v in model_sd.items()}
+                model_sd = self._stage(model_sd, "model")
                 optim_sd = _clone_tensors(optim_sd)
                 self._start(
                     lambda: self._write_replicated(request, tmp, final, model_sd, optim_sd, rng)
@@ -116,6 +117,21 @@ class CheckpointStore:
         if not background and _distributed():
             dist.barrier()
         return final
+
+    def _stage(self, state: dict[str, Any], prefix: str) -> dict[str, Any]:
+        """Copy tensors into host buffers kept between saves (no fresh allocation each time)."""
+        staged: dict[str, Any] = {}
+        for key, value in state.items():
+            if not isinstance(value, torch.Tensor):
+                staged[key] = value
+                continue
+            name = f"{prefix}/{key}"
+            buffer = self._staging.get(name)
+            if buffer is None or buffer.shape != value.shape or buffer.dtype != value.dtype:
+                buffer = torch.empty_like(value, device="cpu")
+                self._staging[name] = buffer
+            staged[key] = buffer.copy_(value.detach())
+        return staged
 
     def _check_every_rank_called(self) -> None:
         if not _distributed():
