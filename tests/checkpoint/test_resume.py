@@ -113,3 +113,28 @@ def test_checkpoint_files_are_plain_and_prefix_free(tmp_path: Path) -> None:
     state = pt.checkpoint.loading.read_state_dict(folder)[0]
     assert set(state) == {f"0.{k}" for k in mlp().state_dict()}
     torch.load(folder / "trainer.pt", weights_only=True)  # no pickled code inside
+
+
+def test_compiled_submodules_save_without_orig_mod(tmp_path: Path) -> None:
+    inner = mlp()
+    net = nn.Sequential(nn.Linear(6, 6), torch.compile(inner))
+    with pt.Run(strategy="cpu", ckpt_dir=tmp_path, progress=False) as run:
+        model = run.setup(net)
+        folder = run.save()
+        weights = run.save_weights(model, tmp_path / "w.pt")
+    assert folder is not None
+    expected = {"0.weight", "0.bias", *(f"1.{k}" for k in mlp().state_dict())}
+    assert set(pt.checkpoint.loading.read_state_dict(folder)[0]) == expected
+    assert set(torch.load(weights, weights_only=True)) == expected
+
+
+def test_changed_global_batch_is_kept_through_grad_accum_when_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    train_run(tmp_path, stop_at=3)  # per-rank batch 4, world 1: global batch 4
+    with pt.Run(strategy="cpu", ckpt_dir=tmp_path, progress=False) as run:
+        run.setup(nn.Sequential(mlp(), nn.Dropout(0.2)))
+        run.loader(dataset(40), batch_size=2)
+        run.resume(keep_global_batch=True)
+        assert run.config.grad_accum == 2
+    assert "grad_accum set to 2 to keep the global batch 4" in capsys.readouterr().out

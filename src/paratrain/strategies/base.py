@@ -81,8 +81,10 @@ class Strategy:
 
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """A CPU copy of the complete, unprefixed weights (complete on the main process)."""
+        from paratrain.checkpoint.loading import strip_wrappers
+
         state = self.unwrap(model).state_dict()
-        return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
+        return {strip_wrappers(k): v.detach().to("cpu", copy=True) for k, v in state.items()}
 
     def clip_grad_norm(self, params: list[torch.Tensor], max_norm: float) -> float:
         """Clip the global gradient norm of ``params``; return the norm before clipping."""
