@@ -36,6 +36,7 @@ test: lint typecheck pytest
 
 bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/overhead.py
+	$(BIN)/python benchmarks/checkpoint_io.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache
