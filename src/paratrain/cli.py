@@ -15,6 +15,7 @@ from paratrain.version import __version__
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every subcommand registered."""
+    from paratrain.bench.command import add_parser as add_bench
     from paratrain.checkpoint.command import add_parser as add_ckpt
     from paratrain.demo.command import add_parser as add_demo
 
@@ -26,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
     add_demo(subparsers)
     add_ckpt(subparsers)
+    add_bench(subparsers)
     return parser
 
 

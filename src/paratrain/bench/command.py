@@ -1,0 +1,178 @@
+"""``paratrain bench``: the tutorials' throughput tables, measured here, vs a hand-written loop.
+
+    paratrain bench                                           # mlp; valid strategies; 1, 2 ranks
+    paratrain bench --model resnet --depth 50 --image-size 224 --strategies single \
+        --precision bf16 --batch-size 64                      # ResNet-50 on one GPU
+    paratrain bench --model my_pkg.models:factory --nproc 1,2,4 --profile
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from paratrain.bench import report
+from paratrain.bench.measure import Settings
+from paratrain.bench.models import build_spec
+from paratrain.bench.runner import make_plan, run_plan
+from paratrain.config import PRECISIONS
+from paratrain.errors import ConfigError
+from paratrain.strategies import STRATEGY_NAMES
+from paratrain.version import __version__
+
+# Dense bf16/fp16 tensor-core peaks, for model FLOP utilisation on GPUs paratrain knows.
+PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0}
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``paratrain bench``."""
+    p = subparsers.add_parser(
+        "bench",
+        help="throughput / memory / scaling table and plots",
+        description=__doc__.split("\n")[0],
+    )
+    p.add_argument(
+        "--model", default="mlp", help="mlp, cnn, resnet, transformer, or module:factory"
+    )
+    p.add_argument("--width", type=int, default=None, help="hidden width / channels")
+    p.add_argument("--depth", type=int, default=None, help="layers (resnet: 50, 101, 152)")
+    p.add_argument("--image-size", type=int, default=32)
+    p.add_argument("--seq", type=int, default=128, help="transformer sequence length")
+    p.add_argument("--strategies", default=None, help="comma list (default: those for here)")
+    p.add_argument("--precision", default="fp32", help="comma list of fp32, bf16, fp16")
+    p.add_argument("--nproc", default=None, help="comma list of rank counts (default 1,2)")
+    p.add_argument("--batch-size", type=int, default=32, help="per-rank batch")
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=3, help="alternating paratrain/reference runs")
+    p.add_argument("--data", choices=("synthetic", "loader"), default="synthetic")
+    p.add_argument("--run-dir", type=Path, default=None)
+    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--profile", action="store_true", help="torch.profiler trace of one config")
+    p.set_defaults(handler=run_bench)
+
+
+def _list(value: str, name: str, allowed: tuple[str, ...] | None = None) -> list[str]:
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    bad = [v for v in items if allowed is not None and v not in allowed]
+    if not items or bad:
+        raise ConfigError(
+            f"--{name} {value!r}: unknown {bad or 'empty'}. Available: {', '.join(allowed or ())}."
+        )
+    return items
+
+
+def _parse(args: argparse.Namespace) -> tuple[list[str], list[str], list[int]]:
+    gpus = torch.cuda.device_count()
+    default = "single,ddp,fsdp" if gpus else "cpu,ddp,fsdp"
+    strategies = _list(args.strategies or default, "strategies", STRATEGY_NAMES)
+    precisions = _list(args.precision, "precision", PRECISIONS)
+    try:
+        nprocs = [int(n) for n in _list(args.nproc or "1,2", "nproc")]
+    except ValueError:
+        raise ConfigError(f"--nproc {args.nproc!r} must be whole numbers, e.g. 1,2,4.") from None
+    for name in ("batch_size", "steps", "rounds"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1.")
+    if args.warmup < 0 or min(nprocs) < 1:
+        raise ConfigError("--warmup must be >= 0 and every --nproc >= 1.")
+    return strategies, precisions, nprocs
+
+
+def model_args(args: argparse.Namespace) -> dict[str, Any]:
+    """Keyword arguments of :func:`build_spec` from the flags (defaults per model)."""
+    width = {"resnet": 64, "cnn": 32, "transformer": 256}.get(args.model, 512)
+    depth = {"resnet": 50, "transformer": 4}.get(args.model, 3)
+    return {
+        "name": args.model,
+        "width": args.width or width,
+        "depth": args.depth or depth,
+        "image_size": args.image_size,
+        "seq": args.seq,
+    }
+
+
+def flops_per_sample(margs: dict[str, Any]) -> float:
+    """Forward + backward FLOPs of one sample, counted by torch's FlopCounterMode."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    spec = build_spec(**margs)
+    model = spec.build()
+    x, y = spec.batch(2, torch.device("cpu"))
+    with FlopCounterMode(display=False) as counter:
+        spec.loss(model(x), y).backward()  # type: ignore[no-untyped-call]
+    return float(counter.get_total_flops()) / 2
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """Measure the matrix, print the table, write JSON and plots."""
+    strategies, precisions, nprocs = _parse(args)
+    margs = model_args(args)
+    build_spec(**margs).build()  # a bad model fails here, before any rank starts
+    settings = Settings(
+        batch_size=args.batch_size,
+        steps=args.steps,
+        warmup=args.warmup,
+        rounds=args.rounds,
+        data=args.data,
+    )
+    run_dir = args.run_dir or Path("runs/bench") / time.strftime("%Y%m%d-%H%M%S")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    plan = make_plan(strategies, precisions, nprocs)
+    rows = run_plan(
+        plan,
+        margs,
+        settings,
+        progress=lambda m: print(f"paratrain bench: {m}", file=sys.stderr, flush=True),
+    )
+    flops = flops_per_sample(margs)
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    peak = next((v for k, v in PEAK_TFLOPS.items() if k in device), None)
+    for row in rows:
+        if "samples_per_s" in row:
+            row["model_tflops"] = flops * row["samples_per_s"] / 1e12
+            if peak and row["precision"] != "fp32":
+                row["mfu"] = row["model_tflops"] / (peak * row["nproc"])
+    meta = {
+        "paratrain": __version__,
+        "torch": torch.__version__,
+        "device": device,
+        "model": margs,
+        "settings": vars(settings),
+        "flops_per_sample": flops,
+    }
+    print(report.markdown_table(rows))
+    _print_flops(rows)
+    outputs = [report.write_json(run_dir / "bench.json", rows, meta)]
+    if not args.no_plot:
+        outputs += report.plot(rows, run_dir, f"{margs['name']} on {device}")
+    if args.profile:
+        outputs.append(_profile(rows, margs, settings, run_dir))
+    print("\n" + "\n".join(f"wrote {p}" for p in outputs))
+    return 0
+
+
+def _print_flops(rows: list[dict[str, Any]]) -> None:
+    for row in rows:
+        if "model_tflops" in row:
+            mfu = f", MFU {row['mfu']:.1%}" if "mfu" in row else ""
+            print(
+                f"{row['strategy']} {row['precision']} x{row['nproc']}: "
+                f"{row['model_tflops']:.3f} model TFLOP/s{mfu}"
+            )
+
+
+def _profile(
+    rows: list[dict[str, Any]], margs: dict[str, Any], settings: Settings, run_dir: Path
+) -> Path:
+    from paratrain.bench.profile import profile_one
+
+    first = next((r for r in rows if "samples_per_s" in r and r["nproc"] == 1), None)
+    if first is None:
+        raise ConfigError("--profile needs a configuration that ran with --nproc 1.")
+    return profile_one(first["strategy"], first["precision"], margs, settings, run_dir)

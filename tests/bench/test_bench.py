@@ -1,0 +1,107 @@
+"""``paratrain bench`` end to end on CPU with tiny sizes, and its planning and input checks."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+
+from paratrain.bench.models import MODELS, build_spec
+from paratrain.bench.runner import make_plan
+from paratrain.cli import main
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", head[16:24])
+    return width, height
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_builtin_models_train_a_step(name: str) -> None:
+    spec = build_spec(name, width=16, depth=50 if name == "resnet" else 1, image_size=32, seq=8)
+    model = spec.build()
+    x, y = spec.batch(2, torch.device("cpu"))
+    spec.loss(model(x), y).backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def test_plan_skips_what_this_machine_cannot_run() -> None:
+    plan = dict(make_plan(["cpu", "dp", "ddp"], ["fp32"], [1, 2]))
+    reasons = {(c.strategy, c.nproc): why for c, why in plan.items()}
+    assert reasons[("cpu", 1)] is None and reasons[("ddp", 2)] is None
+    assert "runs in one process" in reasons[("cpu", 2)]
+    assert "needs CUDA GPUs" in reasons[("dp", 1)]
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--strategies", "nope"], "Available: cpu, single, dp, ddp, fsdp"),
+        (["--nproc", "one"], "whole numbers"),
+        (["--precision", "fp8"], "Available: fp32, bf16, fp16"),
+        (["--model", "nosuchmodule:factory"], "cannot import"),
+        (["--steps", "0"], "--steps must be >= 1"),
+    ],
+)
+def test_bad_input(args: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["bench", *args])
+    assert info.value.code == 2 and needle in capsys.readouterr().err.replace("\n", " ")
+
+
+@pytest.mark.dist
+def test_bench_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(
+        [
+            "bench",
+            "--model",
+            "mlp",
+            "--width",
+            "32",
+            "--depth",
+            "1",
+            "--strategies",
+            "cpu,dp,ddp",
+            "--nproc",
+            "1,2",
+            "--steps",
+            "4",
+            "--warmup",
+            "1",
+            "--rounds",
+            "2",
+            "--batch-size",
+            "8",
+            "--run-dir",
+            str(tmp_path),
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "| ddp | fp32 | 2 |" in out and "skipped: strategy 'dp' needs CUDA GPUs" in out
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert data["meta"]["model"]["name"] == "mlp" and data["meta"]["flops_per_sample"] > 0
+    rows = {(r["strategy"], r["nproc"]): r for r in data["results"]}
+    assert set(rows) == {(s, n) for s in ("cpu", "dp", "ddp") for n in (1, 2)}
+    ddp2 = rows[("ddp", 2)]
+    for key in (
+        "samples_per_s",
+        "reference_samples_per_s",
+        "overhead_ratio",
+        "step_ms_p50",
+        "step_ms_p90",
+        "scaling_efficiency",
+        "model_tflops",
+    ):
+        assert ddp2[key] > 0, key
+    assert len(ddp2["peak_memory_mb"]) == 2 and min(ddp2["peak_memory_mb"]) > 10
+    assert ddp2["step_ms_p90"] >= ddp2["step_ms_p50"]
+    assert "skipped" in rows[("cpu", 2)] and "skipped" in rows[("dp", 1)]
+    for name in ("throughput_vs_ranks.png", "memory_per_rank.png"):
+        width, height = _png_size(tmp_path / name)
+        assert width > 400 and height > 200
