@@ -9,9 +9,11 @@
 See :class:`paratrain.Run` for the training loop, ``paratrain --help`` for the command line.
 """
 
-from paratrain.checkpoint.loading import LoadReport, load_weights
-from paratrain.config import RunConfig
-from paratrain.data import ExactOnceSampler, to_device
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from paratrain.errors import (
     CheckpointError,
     ConfigError,
@@ -19,9 +21,34 @@ from paratrain.errors import (
     ModelError,
     ParatrainError,
 )
-from paratrain.run import Run
-from paratrain.topology import Topology
 from paratrain.version import __version__
+
+if TYPE_CHECKING:
+    from paratrain.checkpoint.loading import LoadReport, load_weights
+    from paratrain.config import RunConfig
+    from paratrain.data import ExactOnceSampler, to_device
+    from paratrain.run import Run
+    from paratrain.topology import Topology
+
+# Imported on first use, so that `paratrain doctor` runs (and reports) when torch is broken.
+_LAZY = {
+    "LoadReport": "paratrain.checkpoint.loading",
+    "load_weights": "paratrain.checkpoint.loading",
+    "RunConfig": "paratrain.config",
+    "ExactOnceSampler": "paratrain.data",
+    "to_device": "paratrain.data",
+    "Run": "paratrain.run",
+    "Topology": "paratrain.topology",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'paratrain' has no attribute {name!r}")
+
 
 __all__ = [
     "CheckpointError",

@@ -1,23 +1,45 @@
 """The ``paratrain`` command line: one module per subcommand, errors as one paragraph.
 
+paratrain doctor                # check this machine (works even when torch is broken)
 paratrain demo                  # the embedded default job
+paratrain ckpt inspect PATH     # understand, verify, convert, diff checkpoints
+paratrain bench                 # throughput / memory / scaling vs a hand-written loop
 paratrain --version
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
+from typing import Any
 
 from paratrain.entrypoint import exit_on_user_error
+from paratrain.errors import EnvironmentMismatchError
 from paratrain.version import __version__
+
+# Commands whose modules import torch; `doctor` must not depend on them importing.
+COMMANDS = {
+    "demo": "paratrain.demo.command",
+    "ckpt": "paratrain.checkpoint.command",
+    "bench": "paratrain.bench.command",
+}
+
+
+def _unavailable(name: str, err: BaseException) -> Any:
+    def handler(args: argparse.Namespace) -> int:
+        raise EnvironmentMismatchError(
+            f"`paratrain {name}` cannot start: importing its dependencies failed "
+            f"({type(err).__name__}: {err}). Run `paratrain doctor` to see what is broken and "
+            "how to fix it."
+        )
+
+    return handler
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every subcommand registered."""
-    from paratrain.bench.command import add_parser as add_bench
-    from paratrain.checkpoint.command import add_parser as add_ckpt
-    from paratrain.demo.command import add_parser as add_demo
+    from paratrain.doctor.command import add_parser as add_doctor
 
     parser = argparse.ArgumentParser(
         prog="paratrain",
@@ -25,9 +47,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"paratrain {__version__}")
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
-    add_demo(subparsers)
-    add_ckpt(subparsers)
-    add_bench(subparsers)
+    add_doctor(subparsers)
+    for name, module in COMMANDS.items():
+        try:
+            importlib.import_module(module).add_parser(subparsers)
+        except Exception as err:  # a broken torch install: say so when the command is used
+            stub = subparsers.add_parser(name, help=f"(unavailable: {type(err).__name__})")
+            stub.add_argument("args", nargs=argparse.REMAINDER)
+            stub.set_defaults(handler=_unavailable(name, err))
     return parser
 
 

@@ -1,0 +1,1 @@
+"""``paratrain doctor``: what this machine has, what is wrong with it, and how to fix it."""
