@@ -1,0 +1,137 @@
+"""``paratrain doctor``: the real report here, and every check under a simulated condition."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from paratrain.doctor import checks, facts
+from paratrain.doctor.command import build_report
+
+FAKE_SMI = """#!/bin/sh
+echo "0, NVIDIA H100 80GB HBM3, {driver}, 81559"
+"""
+
+
+def _facts(**changes: Any) -> dict[str, Any]:
+    base = facts.gather()
+    for key, value in changes.items():
+        if key == "torch":
+            base["torch"] = {**base["torch"], **value}
+        else:
+            base[key] = value
+    return base
+
+
+def _by_name(results: list[checks.Check], name: str) -> checks.Check:
+    return next(c for c in results if c.name == name)
+
+
+def test_real_report_on_this_machine() -> None:
+    report = build_report(quick=False)
+    assert report["facts"]["torch"]["version"].startswith("2.")
+    assert report["facts"]["cpu_cores"] >= 1 and report["facts"]["memory_gb"] > 0
+    assert {c["status"] for c in report["checks"]} <= {"OK", "WARN", "FAIL"}
+    assert all(set(c) == {"name", "status", "detail", "fix"} for c in report["checks"])
+    names = [m["name"] for m in report["measurements"]]
+    assert names == ["matmul fp32 (cpu)", "all-reduce gloo, 2 ranks"]
+    assert all(m["value"] > 0 for m in report["measurements"])
+
+
+def test_json_output_and_exit_code() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "paratrain", "doctor", "--json", "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    report = json.loads(proc.stdout)
+    failed = any(c["status"] == "FAIL" for c in report["checks"])
+    assert proc.returncode == (1 if failed else 0) and report["measurements"] == []
+
+
+def test_cpu_torch_with_an_nvidia_driver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(FAKE_SMI.format(driver="550.54.15"))
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    result = _by_name(checks.run_checks(facts.gather()), "torch build matches driver")
+    assert result.status == "FAIL" and "CPU-only build" in result.detail
+    assert "CUDA build" in result.fix
+
+
+def test_old_driver_and_invisible_gpus() -> None:
+    f = _facts(
+        torch={"cuda_build": "12.4", "gpus": []},
+        nvidia_smi={"gpus": [{"index": "0"}], "driver": "470.82.01"},
+    )
+    results = checks.run_checks(f)
+    old = _by_name(results, "driver new enough")
+    assert old.status == "FAIL" and "525.60" in old.detail and "update the NVIDIA driver" in old.fix
+    hidden = _by_name(results, "GPUs visible to torch")
+    assert hidden.status == "FAIL" and "torch sees none" in hidden.detail
+
+
+def test_small_dev_shm(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = os.statvfs
+
+    class Small:
+        f_blocks, f_frsize = 16384, 4096  # 64 MiB, Docker's default
+
+    monkeypatch.setattr(os, "statvfs", lambda p: Small() if p == "/dev/shm" else real(p))
+    result = _by_name(checks.run_checks(facts.gather()), "/dev/shm size")
+    assert result.status == "WARN" and "64 MiB" in result.detail and "--shm-size" in result.fix
+
+
+def test_master_port_in_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        monkeypatch.setenv("MASTER_PORT", str(busy.getsockname()[1]))
+        monkeypatch.delenv("RANK", raising=False)
+        result = _by_name(checks.run_checks(facts.gather()), "MASTER_PORT free")
+    assert result.status == "FAIL" and "MASTER_PORT=" in result.fix
+
+
+def test_nccl_transports_and_omp(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NCCL_P2P_DISABLE", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    results = checks.run_checks(facts.gather())
+    assert _by_name(results, "NCCL transports").status == "WARN"
+    omp = _by_name(results, "OMP_NUM_THREADS")
+    assert omp.status == "WARN" and omp.fix.startswith("export OMP_NUM_THREADS=")
+
+
+def test_broken_torch_is_reported_not_crashed(tmp_path: Path) -> None:
+    poisoned = tmp_path / "torch"
+    poisoned.mkdir()
+    (poisoned / "__init__.py").write_text("raise ImportError('poisoned torch for the test')\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "paratrain", "doctor", "--json", "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 1
+    assert "poisoned torch" in report["facts"]["torch"]["error"]
+    assert report["checks"][0]["status"] == "FAIL" and "Traceback" not in proc.stderr
+    proc = subprocess.run(
+        [sys.executable, "-m", "paratrain", "demo"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert proc.returncode == 2 and "paratrain doctor" in proc.stderr
+    assert "Traceback" not in proc.stderr
