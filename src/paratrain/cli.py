@@ -40,6 +40,7 @@ def _unavailable(name: str, err: BaseException) -> Any:
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every subcommand registered."""
     from paratrain.doctor.command import add_parser as add_doctor
+    from paratrain.monitor.command import add_parser as add_monitor
 
     parser = argparse.ArgumentParser(
         prog="paratrain",
@@ -48,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"paratrain {__version__}")
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
     add_doctor(subparsers)
+    add_monitor(subparsers)
     for name, module in COMMANDS.items():
         try:
             importlib.import_module(module).add_parser(subparsers)

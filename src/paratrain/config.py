@@ -47,6 +47,8 @@ class RunConfig:
     """Keep this many newest checkpoints (the newest valid one is never deleted); None keeps all."""
     async_save: bool = False
     """Write checkpoints in the background; training stalls only for the copy to host memory."""
+    stats_every: int | None = 10
+    """Write per-rank stats (run_dir/stats/rank<r>.jsonl) every this many steps; None: never."""
     tensorboard: bool = False
     """Write :meth:`Run.log` scalars as TensorBoard events under ``run_dir/tensorboard``."""
     progress: bool = True
@@ -96,6 +98,8 @@ class RunConfig:
             )
         if not self.timeout_s > 0:
             raise ConfigError(f"timeout_s must be > 0 seconds, got {self.timeout_s}.")
+        if self.stats_every is not None:
+            _positive_int("stats_every", self.stats_every, "or None to write no stats")
         if self.keep_last is not None:
             _positive_int("keep_last", self.keep_last, "or None to keep every checkpoint")
         if self.num_workers is not None and self.num_workers < 0:

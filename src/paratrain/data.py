@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from collections.abc import Callable, Iterator, Mapping, Sized
 from typing import Any, Generic, TypeVar
 
@@ -136,6 +137,10 @@ class DeviceLoader(Generic[T]):
         """Global samples skipped at the start of the current pass (a resumed run)."""
         self.finished = False
         """True once the last pass ran to its end."""
+        self.samples = 0
+        """Samples handed out by this loader in all passes (for throughput stats)."""
+        self.data_wait_s = 0.0
+        """Seconds spent waiting for the next batch in all passes."""
         self.pass_seed: Callable[[int], int] | None = None
         """Seeds the loader's own generator per epoch (worker seeds), when the run owns it."""
 
@@ -163,12 +168,30 @@ class DeviceLoader(Generic[T]):
         self.batches_yielded, self.finished = 0, False
         total = _length(self.loader)
         non_blocking = bool(self.loader.pin_memory) and self.device.type == "cuda"
-        for index, batch in enumerate(self.loader):
+        iterator = iter(self.loader)
+        index = 0
+        while True:
+            started = time.perf_counter()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                break
+            self.data_wait_s += time.perf_counter() - started
+            self.samples += _batch_len(batch)
             self.batches_left = None if total is None else total - index - 1
             self.batches_yielded = index + 1
+            index += 1
             yield to_device(batch, self.device, non_blocking=non_blocking)
         self.batches_left = None
         self.finished = True
+
+
+def _batch_len(batch: Any) -> int:
+    while isinstance(batch, (list, tuple)) and batch:
+        batch = batch[0]
+    if isinstance(batch, Mapping) and batch:
+        return _batch_len(next(iter(batch.values())))
+    return len(batch) if isinstance(batch, torch.Tensor) and batch.dim() else 0
 
 
 def _length(loader: DataLoader[Any]) -> int | None:

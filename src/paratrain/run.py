@@ -43,6 +43,7 @@ from paratrain.model_setup import check_model, forward_in_autocast, rebind_optim
 from paratrain.precision import Precision
 from paratrain.process_group import destroy_process_group, init_process_group
 from paratrain.seeding import seed_everything
+from paratrain.stats import StatsWriter
 from paratrain.strategies import select_strategy
 from paratrain.topology import Topology
 
@@ -95,6 +96,16 @@ class Run:
         """The scheduler last passed to :meth:`step`."""
         self._optimizers: list[Optimizer] = []
         self._batch_reported = False
+        self._stats = (
+            StatsWriter(
+                Path(self.config.run_dir) / "stats",
+                rank=self.rank,
+                every=self.config.stats_every,
+                device=self.device,
+            )
+            if self.config.stats_every
+            else None
+        )
         self._closed = False
         self.console.print(
             f"paratrain: strategy {self.strategy.name} ({selection.reason}), "
@@ -302,6 +313,12 @@ class Run:
             self.global_step += 1
             if scheduler is not None:
                 scheduler.step()
+            if self._stats is not None:
+                self._stats.step(
+                    step=self.global_step,
+                    samples=sum(ld.samples for ld in self._train_loaders),
+                    data_wait_s=sum(ld.data_wait_s for ld in self._train_loaders),
+                )
         return stepped
 
     def _drop_unfinished_window(self) -> None:

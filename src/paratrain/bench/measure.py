@@ -17,7 +17,6 @@ import statistics
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,6 +26,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import paratrain as pt
 from paratrain.bench.models import ModelSpec
+from paratrain.memory import peak_memory_mb, reset_peak_memory
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -62,26 +62,6 @@ def _device() -> torch.device:
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def reset_peak_memory(device: torch.device) -> None:
-    """Start a new peak: CUDA allocator stats, or the process's peak RSS (Linux)."""
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        return
-    with contextlib.suppress(OSError):
-        Path("/proc/self/clear_refs").write_text("5")
-
-
-def peak_memory_mb(device: torch.device) -> float:
-    """Peak since :func:`reset_peak_memory`: CUDA max allocated, or peak RSS on CPU."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def _batches(

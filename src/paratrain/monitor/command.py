@@ -1,0 +1,142 @@
+"""``paratrain monitor [RUN_DIR] [--once] [--interval 2] [--json]``.
+
+paratrain monitor runs/exp          # live view of every rank of that job, refreshed
+paratrain monitor --once            # one snapshot of the GPUs (or CPU) and exit
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from paratrain.errors import ConfigError
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``paratrain monitor``."""
+    p = subparsers.add_parser(
+        "monitor",
+        help="live per-GPU and per-rank view of a running job",
+        description=__doc__.split("\n")[0],
+    )
+    p.add_argument(
+        "run_dir",
+        nargs="?",
+        type=Path,
+        default=None,
+        help="the job's run dir (with stats/rank*.jsonl)",
+    )
+    p.add_argument("--once", action="store_true", help="print one snapshot and exit")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
+    p.add_argument(
+        "--json", action="store_true", help="print the snapshot as JSON (implies --once)"
+    )
+    p.set_defaults(handler=run_monitor)
+
+
+def render(snap: dict[str, Any]) -> Any:
+    """Rich renderables for one snapshot."""
+    from rich.console import Group
+    from rich.table import Table
+
+    parts: list[Any] = []
+    if snap["gpus"]:
+        gpus = Table(title="GPUs")
+        for col in ("gpu", "name", "util %", "memory MB", "power W", "temp C"):
+            gpus.add_column(col)
+        for g in snap["gpus"]:
+            gpus.add_row(
+                str(g["index"]),
+                g["name"],
+                str(g["utilization"]),
+                f"{g['memory_used_mb']:.0f}/{g['memory_total_mb']:.0f}",
+                f"{g['power_w']:.0f}",
+                str(g["temperature_c"]),
+            )
+        parts.append(gpus)
+    ranks = Table(title=f"ranks of {snap['run_dir']}" if snap["run_dir"] else "ranks")
+    for col in (
+        "rank",
+        "step",
+        "step ms",
+        "samples/s",
+        "data wait",
+        "peak MB",
+        "CPU %",
+        "RSS MB",
+        "updated",
+    ):
+        ranks.add_column(col)
+    procs = {p["rank"]: p for p in snap["processes"]}
+    if not snap["ranks"]:  # no run dir: the rank processes found on this machine
+        for p in snap["processes"]:
+            ranks.add_row(
+                str(p["rank"]),
+                "-",
+                "-",
+                "-",
+                "-",
+                "-",
+                f"{p['cpu_percent']:.0f}",
+                f"{p['rss_mb']:.0f}",
+                "now",
+            )
+    for r in snap["ranks"]:
+        p = procs.get(r["rank"], {})
+        sps = r.get("samples_per_s")
+        ranks.add_row(
+            str(r["rank"]),
+            str(r["step"]),
+            f"{r['step_time_s'] * 1000:.1f}",
+            "-" if sps is None else f"{sps:.0f}",
+            f"{r['data_wait_fraction']:.0%}",
+            f"{r['peak_memory_mb']:.0f}",
+            f"{p.get('cpu_percent', 0):.0f}" if p else "exited",
+            f"{p['rss_mb']:.0f}" if p else "-",
+            f"{r['age_s']:.0f}s ago",
+        )
+    parts.append(ranks)
+    if snap["flags"]:
+        flags = Table(title="flags")
+        for col in ("flag", "where", "detail", "hint"):
+            flags.add_column(col)
+        for f in snap["flags"]:
+            flags.add_row(f["flag"], f["where"], f["detail"], f["hint"])
+        parts.append(flags)
+    elif snap["ranks"]:
+        parts.append("no flags: no straggler, input-bound rank, memory imbalance or idle GPU")
+    parts.append(f"host: CPU {snap['cpu_percent']:.0f}%, memory {snap['memory_percent']:.0f}%")
+    return Group(*parts)
+
+
+def run_monitor(args: argparse.Namespace) -> int:
+    """Show snapshots until interrupted (or once)."""
+    from rich.console import Console
+    from rich.live import Live
+
+    from paratrain.monitor.snapshot import snapshot
+
+    if args.run_dir is not None and not (args.run_dir / "stats").is_dir():
+        raise ConfigError(
+            f"{args.run_dir} has no stats/ folder. Pass the run dir of a paratrain job (its "
+            "run_dir setting, default runs/paratrain), started with stats_every set."
+        )
+    if args.interval <= 0:
+        raise ConfigError(f"--interval must be > 0 seconds, got {args.interval}.")
+    if args.json:
+        print(json.dumps(snapshot(args.run_dir), indent=2))
+        return 0
+    console = Console()
+    if args.once:
+        console.print(render(snapshot(args.run_dir)))
+        return 0
+    try:
+        with Live(render(snapshot(args.run_dir)), console=console, auto_refresh=False) as live:
+            while True:
+                time.sleep(args.interval)
+                live.update(render(snapshot(args.run_dir)), refresh=True)
+    except KeyboardInterrupt:
+        return 0

@@ -1,0 +1,196 @@
+"""One look at the machine and, given a run dir, at every rank of the job — as data.
+
+snap = snapshot(Path("runs/exp"))
+snap["ranks"]       # latest stats record per rank (step time, samples/s, data wait, memory)
+snap["gpus"]        # utilisation, memory, power, temperature (nvidia-ml-py), or []
+snap["processes"]   # CPU% and RSS of each rank's process (psutil), on any machine
+snap["flags"]       # straggler, input-bound, memory imbalance, idle GPU — each with a hint
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+STRAGGLER = 1.2  # a rank whose step time exceeds this multiple of the median
+INPUT_BOUND = 0.30  # fraction of wall time spent waiting for batches
+IMBALANCE = 1.25  # max / min peak memory across ranks or GPUs
+IDLE_GPU = 10  # percent utilisation
+
+
+def latest_records(run_dir: Path) -> list[dict[str, Any]]:
+    """The newest record of each ``stats/rank<r>.jsonl``, in rank order."""
+    records = []
+    for path in sorted((run_dir / "stats").glob("rank*.jsonl")):
+        lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+        for line in reversed(lines):
+            try:
+                records.append(json.loads(line))
+                break
+            except ValueError:  # a line being written right now
+                continue
+    return sorted(records, key=lambda r: r["rank"])
+
+
+def gpu_stats() -> list[dict[str, Any]]:
+    """Per-GPU utilisation, memory, power and temperature; [] without GPUs or nvidia-ml-py."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return []
+    gpus = []
+    for i in range(pynvml.nvmlDeviceGetCount()):
+        h = pynvml.nvmlDeviceGetHandleByIndex(i)
+        mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+        gpus.append(
+            {
+                "index": i,
+                "name": pynvml.nvmlDeviceGetName(h),
+                "utilization": pynvml.nvmlDeviceGetUtilizationRates(h).gpu,
+                "memory_used_mb": mem.used / 2**20,
+                "memory_total_mb": mem.total / 2**20,
+                "power_w": pynvml.nvmlDeviceGetPowerUsage(h) / 1000,
+                "temperature_c": pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
+            }
+        )
+    return gpus
+
+
+def rank_processes() -> dict[int, psutil.Process]:
+    """Processes on this machine started by torchrun (or Slurm) for a job, by rank."""
+    found: dict[int, psutil.Process] = {}
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            env = proc.environ()
+        except psutil.Error:
+            continue
+        rank = env.get("RANK") if "LOCAL_RANK" in env else env.get("SLURM_PROCID")
+        if (
+            rank is not None
+            and rank.isdigit()
+            and ("TORCHELASTIC_RUN_ID" in env or "SLURM_JOB_ID" in env)
+        ):
+            found[int(rank)] = proc
+    return found
+
+
+def process_stats(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """CPU% (over 0.2 s) and RSS of each rank's live process (from the stats, or discovered)."""
+    procs: dict[int, psutil.Process] = {}
+    for r in records:
+        try:
+            procs[r["rank"]] = psutil.Process(r["pid"])
+        except (psutil.Error, KeyError):
+            continue
+    if not records:
+        procs = rank_processes()
+    for proc in list(procs.values()):
+        try:
+            proc.cpu_percent(None)
+        except psutil.Error:
+            continue
+    if procs:
+        time.sleep(0.2)
+    out = []
+    for rank, proc in procs.items():
+        try:
+            out.append(
+                {
+                    "rank": rank,
+                    "pid": proc.pid,
+                    "cpu_percent": proc.cpu_percent(None),
+                    "rss_mb": proc.memory_info().rss / 2**20,
+                }
+            )
+        except psutil.Error:
+            continue
+    return out
+
+
+def flags(records: list[dict[str, Any]], gpus: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """Problems worth a look, each with the rank or GPU and a hint."""
+    found: list[dict[str, str]] = []
+    times = [r["step_time_s"] for r in records if r.get("step_time_s")]
+    if len(times) >= 2:
+        median = statistics.median(times)
+        for r in records:
+            if r.get("step_time_s", 0) > STRAGGLER * median:
+                found.append(
+                    {
+                        "flag": "straggler",
+                        "where": f"rank {r['rank']}",
+                        "detail": f"step {r['step_time_s'] * 1000:.0f} ms vs median "
+                        f"{median * 1000:.0f} ms",
+                        "hint": "check that rank's GPU/CPU load, data and host",
+                    }
+                )
+    for r in records:
+        wait = r.get("data_wait_fraction") or 0.0
+        if wait > INPUT_BOUND:
+            found.append(
+                {
+                    "flag": "input-bound",
+                    "where": f"rank {r['rank']}",
+                    "detail": f"{wait:.0%} of the time waiting for batches",
+                    "hint": "raise num_workers, enable pin_memory, or cache/preprocess data",
+                }
+            )
+    memories = [
+        (f"rank {r['rank']}", r["peak_memory_mb"]) for r in records if r.get("peak_memory_mb")
+    ]
+    memories += [(f"GPU {g['index']}", g["memory_used_mb"]) for g in gpus if len(gpus) > 1]
+    for group in (
+        [m for m in memories if m[0].startswith("rank")],
+        [m for m in memories if m[0].startswith("GPU")],
+    ):
+        if len(group) >= 2 and min(v for _, v in group) > 0:
+            high = max(group, key=lambda m: m[1])
+            ratio = high[1] / min(v for _, v in group)
+            if ratio > IMBALANCE:
+                found.append(
+                    {
+                        "flag": "memory imbalance",
+                        "where": high[0],
+                        "detail": f"{ratio:.2f}x the smallest",
+                        "hint": "the DataParallel cuda:0 symptom: use ddp, or check that "
+                        "rank's extra work (logging, eval, saving)",
+                    }
+                )
+    if records:
+        for g in gpus:
+            if g["utilization"] < IDLE_GPU:
+                found.append(
+                    {
+                        "flag": "idle GPU",
+                        "where": f"GPU {g['index']}",
+                        "detail": f"{g['utilization']}% utilised during a run",
+                        "hint": "no rank uses it (--nproc), or the job is input-bound",
+                    }
+                )
+    return found
+
+
+def snapshot(run_dir: Path | None) -> dict[str, Any]:
+    """Machine and job state right now."""
+    records = latest_records(run_dir) if run_dir is not None else []
+    gpus = gpu_stats()
+    now = time.time()
+    for r in records:
+        r["age_s"] = now - r["time"]
+    return {
+        "time": now,
+        "run_dir": str(run_dir) if run_dir else None,
+        "ranks": records,
+        "gpus": gpus,
+        "processes": process_stats(records),
+        "flags": flags(records, gpus),
+        "cpu_percent": psutil.cpu_percent(None),
+        "memory_percent": psutil.virtual_memory().percent,
+    }
