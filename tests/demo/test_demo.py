@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from paratrain.demo.digits import DigitsCNN
+from paratrain.monitor.snapshot import snapshot
 
 pytestmark = pytest.mark.dist
 
@@ -55,3 +56,7 @@ def test_demo_trains_saves_reloads_and_plots(tmp_path: Path) -> None:
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 12
+    # The runtime's per-rank stats, as `paratrain monitor` reads them.
+    snap = snapshot(run_dir)
+    assert [r["rank"] for r in snap["ranks"]] == [0, 1]
+    assert snap["ranks"][0]["step"] == snap["ranks"][1]["step"] == 270  # every 10 of 276 steps

@@ -1,0 +1,91 @@
+"""``paratrain monitor`` on synthetic stats (each flag) and the stats the runtime writes."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import paratrain as pt
+from paratrain.cli import main
+from paratrain.monitor.snapshot import flags, snapshot
+from tests.support.training import dataset, mlp
+
+
+def _write(run_dir: Path, records: list[dict[str, Any]]) -> Path:
+    (run_dir / "stats").mkdir(parents=True)
+    for r in records:
+        base = {
+            "time": time.time(),
+            "pid": 2**22 + r["rank"],
+            "step": 100,
+            "step_time_s": 0.1,
+            "samples_per_s": 320.0,
+            "data_wait_fraction": 0.05,
+            "peak_memory_mb": 1000.0,
+            "device": "cpu",
+        }
+        line = json.dumps({**base, **r})
+        (run_dir / "stats" / f"rank{r['rank']}.jsonl").write_text("{}\n" + line + "\n{partial")
+    return run_dir
+
+
+@pytest.mark.parametrize(
+    "changes,flag,where",
+    [
+        ({"step_time_s": 0.25}, "straggler", "rank 2"),
+        ({"data_wait_fraction": 0.5}, "input-bound", "rank 2"),
+        ({"peak_memory_mb": 1900.0}, "memory imbalance", "rank 2"),
+    ],
+)
+def test_each_flag(tmp_path: Path, changes: dict[str, float], flag: str, where: str) -> None:
+    run_dir = _write(tmp_path, [{"rank": 0}, {"rank": 1}, {"rank": 2, **changes}])
+    found = snapshot(run_dir)["flags"]
+    assert [(f["flag"], f["where"]) for f in found] == [(flag, where)]
+    assert found[0]["hint"]
+
+
+def test_healthy_job_and_idle_gpu(tmp_path: Path) -> None:
+    run_dir = _write(tmp_path, [{"rank": 0}, {"rank": 1}])
+    snap = snapshot(run_dir)
+    assert snap["flags"] == [] and [r["rank"] for r in snap["ranks"]] == [0, 1]
+    gpus = [
+        {"index": 0, "utilization": 95, "memory_used_mb": 9000.0},
+        {"index": 1, "utilization": 2, "memory_used_mb": 9000.0},
+    ]
+    idle = flags(snap["ranks"], gpus)
+    assert [(f["flag"], f["where"]) for f in idle] == [("idle GPU", "GPU 1")]
+    gpus[1] = {"index": 1, "utilization": 90, "memory_used_mb": 4000.0}
+    assert [f["where"] for f in flags(snap["ranks"], gpus)] == ["GPU 0"]  # cuda:0 heavier
+
+
+def test_cli_once_json_and_bad_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = _write(tmp_path / "job", [{"rank": 0}, {"rank": 1, "data_wait_fraction": 0.6}])
+    assert main(["monitor", str(run_dir), "--json"]) == 0
+    snap = json.loads(capsys.readouterr().out)
+    assert snap["flags"][0]["flag"] == "input-bound"
+    assert main(["monitor", str(run_dir), "--once"]) == 0
+    out = capsys.readouterr().out
+    assert "input-bound" in out and "exited" in out
+    with pytest.raises(SystemExit) as info:
+        main(["monitor", str(tmp_path / "nothing"), "--once"])
+    assert info.value.code == 2 and "no stats/ folder" in capsys.readouterr().err.replace("\n", " ")
+
+
+def test_runtime_writes_stats(tmp_path: Path) -> None:
+    with pt.Run(strategy="cpu", run_dir=tmp_path, stats_every=2, progress=False) as run:
+        net = mlp()
+        model, opt = run.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
+        for x, y in run.loader(dataset(40), batch_size=4):
+            run.backward(nn.functional.cross_entropy(model(x), y))
+            run.step(opt)
+    lines = (tmp_path / "stats" / "rank0.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert [r["step"] for r in records] == [2, 4, 6, 8, 10]
+    assert all(r["samples_per_s"] > 0 and 0 <= r["data_wait_fraction"] <= 1 for r in records)
+    assert all(r["peak_memory_mb"] > 10 and r["step_time_s"] > 0 for r in records)
