@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from paratrain.checkpoint import inspection
+FORMATS = ("pt", "safetensors", "dcp")
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -35,7 +35,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p = actions.add_parser("convert", help="rewrite as pt, safetensors or dcp, prefixes removed")
     p.add_argument("src", type=Path)
     p.add_argument("dst", type=Path)
-    p.add_argument("--to", required=True, choices=inspection.FORMATS)
+    p.add_argument("--to", required=True, choices=FORMATS)
     p.add_argument("--trust", action="store_true", help="allow pickled code (trusted files)")
     p.set_defaults(handler=_convert)
     p = actions.add_parser("diff", help="compare two checkpoints' tensors; exit 1 if different")
@@ -64,11 +64,15 @@ def _print(data: dict[str, Any], as_json: bool) -> None:
 
 
 def _inspect(args: argparse.Namespace) -> int:
+    from paratrain.checkpoint import inspection
+
     _print(inspection.inspect(args.path, trust=args.trust), args.json)
     return 0
 
 
 def _verify(args: argparse.Namespace) -> int:
+    from paratrain.checkpoint import inspection
+
     ok, lines = inspection.verify(args.path)
     for line in lines:
         print(line)
@@ -78,6 +82,8 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _convert(args: argparse.Namespace) -> int:
+    from paratrain.checkpoint import inspection
+
     result = inspection.convert(args.src, args.dst, to=args.to, trust=args.trust)
     print(
         f"wrote {result['path']} ({result['to']}, {result['tensors']} tensors, from "
@@ -87,6 +93,8 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def _diff(args: argparse.Namespace) -> int:
+    from paratrain.checkpoint import inspection
+
     result = inspection.diff(args.a, args.b, trust=args.trust)
     _print(result, args.json)
     return 0 if result["identical"] else 1

@@ -17,13 +17,12 @@ from typing import Any
 
 import torch
 
+from paratrain.checkpoint.command import FORMATS
 from paratrain.checkpoint.files import atomic_replace, atomic_torch_save, write_safetensors
 from paratrain.checkpoint.loading import WRAPPER_PARTS, read_state_dict, strip_wrappers
 from paratrain.checkpoint.manifest import MANIFEST, Manifest
 from paratrain.checkpoint.store import PREFIX, load_trainer
 from paratrain.errors import CheckpointError
-
-FORMATS = ("pt", "safetensors", "dcp")
 
 
 def _summary(state: dict[str, torch.Tensor]) -> dict[str, Any]:

@@ -9,22 +9,24 @@ otherwise, and says why.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 
 import torch
 
 from paratrain.config import RunConfig
 from paratrain.strategies.base import Strategy, require_cuda
-from paratrain.strategies.cpu import CPUStrategy
-from paratrain.strategies.ddp import DDPStrategy
-from paratrain.strategies.dp import DataParallelStrategy
-from paratrain.strategies.fsdp import FSDPStrategy
-from paratrain.strategies.single import SingleDeviceStrategy, visible_gpu_label
+from paratrain.strategies.single import visible_gpu_label
 from paratrain.topology import Topology
 
-REGISTRY: dict[str, type[Strategy]] = {
-    cls.name: cls
-    for cls in (CPUStrategy, SingleDeviceStrategy, DataParallelStrategy, DDPStrategy, FSDPStrategy)
+# name -> (module, class). Modules load on first use: torch.distributed.fsdp alone takes about a
+# second to import, which every CLI command (doctor included) would otherwise pay.
+REGISTRY: dict[str, tuple[str, str]] = {
+    "cpu": ("paratrain.strategies.cpu", "CPUStrategy"),
+    "single": ("paratrain.strategies.single", "SingleDeviceStrategy"),
+    "dp": ("paratrain.strategies.dp", "DataParallelStrategy"),
+    "ddp": ("paratrain.strategies.ddp", "DDPStrategy"),
+    "fsdp": ("paratrain.strategies.fsdp", "FSDPStrategy"),
 }
 STRATEGY_NAMES = tuple(REGISTRY)
 
@@ -35,7 +37,15 @@ __all__ = [
     "Strategy",
     "resolve_accelerator",
     "select_strategy",
+    "strategy_class",
 ]
+
+
+def strategy_class(name: str) -> type[Strategy]:
+    """The class registered under ``name``."""
+    module, attr = REGISTRY[name]
+    cls: type[Strategy] = getattr(importlib.import_module(module), attr)
+    return cls
 
 
 def resolve_accelerator(config: RunConfig, gpus: int) -> str:
@@ -82,7 +92,7 @@ def select_strategy(config: RunConfig, topology: Topology, gpus: int | None = No
         name, reason = _auto(topology, accelerator, gpus)
     else:
         name, reason = config.strategy, "asked for"
-    cls = REGISTRY[name]
+    cls = strategy_class(name)
     cls.check(config, topology, accelerator, gpus)
     device = cls.device_for(topology, accelerator, config)
     strategy = cls(config=config, topology=topology, device=device)

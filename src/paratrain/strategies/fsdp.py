@@ -14,7 +14,6 @@ from typing import Any, ClassVar
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
@@ -67,7 +66,13 @@ class FSDPStrategy(Strategy):
         )
 
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        # A collective: every rank must call it. With cpu_offload only rank 0 holds the tensors.
+        # Imported here: torch.distributed.checkpoint takes ~1 s to import, and the CLI (doctor)
+        # should not pay for it. A collective: every rank must call it.
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+        )
+
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         state = get_model_state_dict(model, options=options)
         # On one CPU rank the "offloaded" tensors can alias the live parameters: copy them.
