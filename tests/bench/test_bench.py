@@ -105,3 +105,16 @@ def test_bench_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     for name in ("throughput_vs_ranks.png", "memory_per_rank.png"):
         width, height = _png_size(tmp_path / name)
         assert width > 400 and height > 200
+
+
+def test_loader_data_and_profile_in_one_process(tmp_path: Path) -> None:
+    from paratrain.bench.measure import Config, Settings, measure_config
+    from paratrain.bench.profile import profile_one
+
+    margs = {"name": "mlp", "width": 16, "depth": 1}
+    settings = Settings(batch_size=4, steps=3, warmup=1, rounds=2, data="loader")
+    stats = measure_config(build_spec(**margs), Config("cpu", "fp32", 1), settings)
+    assert stats["samples_per_s"] > 0 and stats["reference_samples_per_s"] > 0
+    trace_dir = profile_one("cpu", "fp32", margs, settings, tmp_path)
+    traces = list(trace_dir.glob("*.pt.trace.json"))
+    assert traces and json.loads(traces[0].read_text())["traceEvents"]
