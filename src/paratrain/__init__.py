@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from paratrain.checkpoint.loading import LoadReport, load_weights
     from paratrain.config import RunConfig
     from paratrain.data import ExactOnceSampler, to_device
+    from paratrain.launch.spawn import RankFailedError, launch
     from paratrain.run import Run
     from paratrain.topology import Topology
 
@@ -38,6 +39,8 @@ _LAZY = {
     "ExactOnceSampler": "paratrain.data",
     "to_device": "paratrain.data",
     "Run": "paratrain.run",
+    "launch": "paratrain.launch.spawn",
+    "RankFailedError": "paratrain.launch.spawn",
     "Topology": "paratrain.topology",
 }
 
@@ -58,10 +61,12 @@ __all__ = [
     "LoadReport",
     "ModelError",
     "ParatrainError",
+    "RankFailedError",
     "Run",
     "RunConfig",
     "Topology",
     "__version__",
+    "launch",
     "load_weights",
     "to_device",
 ]

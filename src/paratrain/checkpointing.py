@@ -12,6 +12,8 @@ that no longer map one-to-one onto ranks are re-derived from (seed, step, rank).
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -146,6 +148,24 @@ def resume(
     )
     extras: dict[str, Any] = trainer.get("extras", {})
     return extras
+
+
+def resume_after_restart(run: Run) -> None:
+    """Resume a restarted worker and record the restart in ``run_dir/restarts.jsonl``."""
+    found = run.resume()
+    if run.is_main:
+        record = {
+            "time": time.time(),
+            "restart": run.restart_count,
+            "step": run.global_step,
+            "epoch": run.epoch,
+            "resumed": found is not None,
+            "checkpoint_dir": str(run.store.directory),
+        }
+        path = Path(run.config.run_dir) / "restarts.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
 
 
 def _agree(run: Run, found: tuple[Path, Manifest] | None) -> tuple[Path, Manifest] | None:

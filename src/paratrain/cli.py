@@ -1,9 +1,11 @@
 """The ``paratrain`` command line: one module per subcommand, errors as one paragraph.
 
-paratrain doctor                # check this machine (works even when torch is broken)
-paratrain demo                  # the embedded default job
-paratrain ckpt inspect PATH     # understand, verify, convert, diff checkpoints
-paratrain bench                 # throughput / memory / scaling vs a hand-written loop
+paratrain doctor                  # check this machine (works even when torch is broken)
+paratrain run --nproc 2 train.py  # launch through torchrun (Slurm-aware), restarts resume
+paratrain demo                    # the embedded default job
+paratrain ckpt inspect PATH       # understand, verify, convert, diff checkpoints
+paratrain bench                   # throughput / memory / scaling vs a hand-written loop
+paratrain monitor RUN_DIR         # live per-GPU and per-rank view of a running job
 paratrain --version
 """
 
@@ -23,6 +25,7 @@ COMMANDS = {
     "demo": "paratrain.demo.command",
     "ckpt": "paratrain.checkpoint.command",
     "bench": "paratrain.bench.command",
+    "run": "paratrain.launch.command",
 }
 
 

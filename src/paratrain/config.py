@@ -9,6 +9,7 @@ machine vs GPUs) happen when the strategy is chosen, in :mod:`paratrain.strategi
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +30,7 @@ class RunConfig:
     """How the model is placed and synchronised: auto, cpu, single, dp, ddp or fsdp."""
     accelerator: str = "auto"
     """Device kind: ``auto`` (cuda when a GPU is visible, else cpu), ``cpu`` or ``cuda``."""
-    backend: str | None = None
+    backend: str | None = field(default_factory=lambda: os.environ.get("PARATRAIN_BACKEND"))
     """Collective backend; default nccl on cuda, gloo on cpu."""
     precision: str = "fp32"
     """``fp32``, ``bf16`` (autocast) or ``fp16`` (autocast + dynamic loss scaling)."""
@@ -39,8 +40,10 @@ class RunConfig:
     """Clip the global gradient norm to this value before each step (after unscaling)."""
     seed: int = 0
     """Seeds python, numpy and torch identically on every rank, and the samplers' shuffling."""
-    run_dir: str | Path = "runs/paratrain"
-    """Where logs, TensorBoard events and saved files go (written by the main process only)."""
+    run_dir: str | Path = field(
+        default_factory=lambda: os.environ.get("PARATRAIN_RUN_DIR", "runs/paratrain")
+    )
+    """Where logs, stats, checkpoints go (main process); `paratrain run --run-dir` sets it."""
     ckpt_dir: str | Path | None = None
     """Where :meth:`Run.save` writes and :meth:`Run.resume` looks (default run_dir/checkpoints)."""
     keep_last: int | None = 3

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import os
 import time
+from typing import Any
 
 import torch.distributed as dist
 
@@ -54,9 +55,11 @@ def init_process_group(topology: Topology, *, backend: str, timeout_s: float) ->
     os.environ.setdefault("MASTER_ADDR", topology.master_addr)
     os.environ.setdefault("MASTER_PORT", str(topology.master_port))
     try:
+        store = _restart_safe_store(topology, timeout)
         dist.init_process_group(
             backend,
-            init_method="env://",
+            init_method=None if store is not None else "env://",
+            store=store,
             rank=topology.rank,
             world_size=topology.world_size,
             timeout=timeout,
@@ -69,6 +72,27 @@ def init_process_group(topology: Topology, *, backend: str, timeout_s: float) ->
             "is free; `paratrain run` sets them for you."
         ) from err
     return True
+
+
+def _restart_safe_store(topology: Topology, timeout: datetime.timedelta) -> Any:
+    """Under torchrun, the agent's store with a prefix per restart attempt.
+
+    Without the prefix, restarted workers can read the addresses that the previous attempt's
+    (dead) ranks published, and gloo then fails with "Connection refused" in connectFullMesh.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    agent = dist.TCPStore(  # type: ignore[attr-defined]
+        topology.master_addr,
+        topology.master_port,
+        world_size=topology.world_size,
+        is_master=False,
+        timeout=timeout,
+    )
+    return dist.PrefixStore(  # type: ignore[attr-defined]
+        f"paratrain/attempt_{attempt}", agent
+    )
 
 
 def destroy_process_group(created: bool) -> None:

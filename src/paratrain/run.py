@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar, overload
@@ -96,6 +97,9 @@ class Run:
         """The scheduler last passed to :meth:`step`."""
         self._optimizers: list[Optimizer] = []
         self._batch_reported = False
+        self._resumed = False
+        self.restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+        """How often torchrun restarted this job's workers (0 on the first start)."""
         self._stats = (
             StatsWriter(
                 Path(self.config.run_dir) / "stats",
@@ -256,7 +260,13 @@ class Run:
 
     # -- the loop -------------------------------------------------------------------------
     def epochs(self, count: int) -> Iterator[int]:
-        """Yield epoch numbers from the current one up to ``count - 1``; samplers follow them."""
+        """Yield epoch numbers from the current one up to ``count - 1``; samplers follow them.
+
+        After a torchrun restart (``TORCHELASTIC_RESTART_COUNT`` > 0) the first call resumes from
+        the newest valid checkpoint if the script has not called :meth:`resume` itself.
+        """
+        if self.restart_count > 0 and not self._resumed:
+            checkpointing.resume_after_restart(self)
         while self.epoch < count:
             yield self.epoch
             self._drop_unfinished_window()
@@ -408,6 +418,7 @@ class Run:
         keep_global_batch: bool = False,
     ) -> dict[str, Any] | None:
         """Continue from the newest valid checkpoint; return its extras, or None if none."""
+        self._resumed = True
         return checkpointing.resume(
             self,
             model=model,

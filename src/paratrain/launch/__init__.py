@@ -1,0 +1,1 @@
+"""Launching: ``paratrain run`` (torchrun, Slurm-aware) and ``paratrain.launch`` (in-process)."""

@@ -1,0 +1,203 @@
+"""Turn ``paratrain run`` options (and a Slurm allocation) into a torchrun command line.
+
+    plan = make_plan(options, env=os.environ, gpus=torch.cuda.device_count())
+    plan.argv        # [python, -m, torch.distributed.run, --nnodes=2, ..., train.py, --lr, 3]
+    plan.describe()  # "2 nodes x 4 ranks = 8 ranks, this node 0, nccl on cuda:0-3, ..."
+
+Only torchrun's own c10d rendezvous is used; nothing here manages processes.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from paratrain.errors import ConfigError, EnvironmentMismatchError
+from paratrain.topology import first_host
+
+DEFAULT_PORT = 29500
+
+
+@dataclass(kw_only=True)
+class RunOptions:
+    """What the user asked for on the command line."""
+
+    target: list[str]
+    """``[script.py, args...]`` or ``[-m, module, args...]``."""
+    nproc: str = "auto"
+    nnodes: int | None = None
+    node_rank: int | None = None
+    rdzv_endpoint: str | None = None
+    rdzv_id: str | None = None
+    max_restarts: int = 0
+    run_dir: Path = Path("runs/paratrain")
+    backend: str | None = None
+    torchrun_args: list[str] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class LaunchPlan:
+    """A resolved launch."""
+
+    argv: list[str]
+    env: dict[str, str]
+    nnodes: int
+    nproc: int
+    node_rank: int
+    endpoint: str | None
+    backend: str
+    source: str
+    notes: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        """One line for the user, printed before starting."""
+        where = f"rendezvous {self.endpoint}" if self.endpoint else "standalone (local rendezvous)"
+        return (
+            f"{self.nnodes} node(s) x {self.nproc} rank(s) = {self.nnodes * self.nproc} "
+            f"rank(s); this node {self.node_rank}; backend {self.backend}; {where}; "
+            f"topology from {self.source}"
+        )
+
+
+def _nproc(value: str, gpus: int, notes: list[str]) -> int:
+    if value == "auto":
+        if gpus:
+            return gpus
+        notes.append(
+            "no GPU visible: --nproc auto starts 1 CPU rank (use --nproc N for N CPU "
+            "ranks over gloo)"
+        )
+        return 1
+    try:
+        n = int(value)
+    except ValueError:
+        raise ConfigError(f"--nproc {value!r} must be a whole number or 'auto'.") from None
+    if n < 1:
+        raise ConfigError(f"--nproc must be >= 1, got {n}.")
+    return n
+
+
+def _target(options: RunOptions) -> list[str]:
+    target = options.target
+    if not target:
+        raise ConfigError(
+            "Nothing to run. Give a script (`paratrain run train.py`) or a module "
+            "(`paratrain run -m pkg.train`)."
+        )
+    if target[0] == "-m":
+        if len(target) < 2:
+            raise ConfigError("-m needs a module name: `paratrain run -m pkg.train`.")
+        return target
+    script = Path(target[0])
+    if not script.is_file():
+        raise ConfigError(
+            f"Script {script} not found (working directory {Path.cwd()}). Check "
+            "the path, or use `-m package.module` for a module."
+        )
+    return target
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """True when ``port`` can be bound on this machine."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("" if host not in ("127.0.0.1", "localhost") else host, port))
+        except OSError:
+            return False
+    return True
+
+
+def make_plan(options: RunOptions, *, env: Mapping[str, str], gpus: int) -> LaunchPlan:
+    """Validate ``options`` on this machine and build the torchrun command."""
+    notes: list[str] = []
+    target = _target(options)
+    nproc = _nproc(options.nproc, gpus, notes)
+    backend = options.backend or ("nccl" if gpus else "gloo")
+    if backend == "nccl" and not gpus:
+        raise EnvironmentMismatchError(
+            "--backend nccl needs CUDA GPUs, but torch sees none. Use --backend gloo (CPU ranks) "
+            "or run on a GPU machine; `paratrain doctor` explains what torch sees."
+        )
+    if gpus and backend == "nccl" and nproc > gpus:
+        raise EnvironmentMismatchError(
+            f"--nproc {nproc} but only {gpus} GPU(s) are visible; each rank needs its own GPU. "
+            f"Use --nproc {gpus} (or auto), or --backend gloo for CPU ranks."
+        )
+    nnodes, node_rank, endpoint, source = _nodes(options, env)
+    if nnodes > 1 and endpoint is None:
+        raise ConfigError(
+            f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT (the host of node 0), the same "
+            "on every node."
+        )
+    if endpoint is not None and node_rank == 0:
+        host, _, port = endpoint.rpartition(":")
+        if host in ("127.0.0.1", "localhost", socket.gethostname()) and not port_is_free(
+            host, int(port)
+        ):
+            raise EnvironmentMismatchError(
+                f"Port {port} on {host} is already in use, so node 0 cannot host the "
+                f"rendezvous. Pick a free one, e.g. --rdzv-endpoint {host}:{_free_port()}."
+            )
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={nproc}",
+        f"--max-restarts={options.max_restarts}",
+        "--monitor-interval=0.5",
+    ]
+    if endpoint is None:
+        argv.append("--standalone")
+    else:
+        argv += [
+            f"--nnodes={nnodes}",
+            f"--node-rank={node_rank}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={endpoint}",
+            f"--rdzv-id={options.rdzv_id or 'paratrain'}",
+        ]
+    argv += [*options.torchrun_args, *target]
+    run_env = {
+        "PARATRAIN_RUN_DIR": str(options.run_dir),
+        "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
+    }
+    if options.backend:
+        run_env["PARATRAIN_BACKEND"] = options.backend
+    return LaunchPlan(
+        argv=argv,
+        env=run_env,
+        nnodes=nnodes,
+        nproc=nproc,
+        node_rank=node_rank,
+        endpoint=endpoint,
+        backend=backend,
+        source=source,
+        notes=notes,
+    )
+
+
+def _nodes(options: RunOptions, env: Mapping[str, str]) -> tuple[int, int, str | None, str]:
+    if "SLURM_JOB_ID" in env and options.nnodes is None:
+        nnodes = int(env.get("SLURM_NNODES", "1"))
+        node_rank = int(env.get("SLURM_NODEID", "0"))
+        host = first_host(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "127.0.0.1")
+        port = 20000 + int(env["SLURM_JOB_ID"]) % 10000
+        endpoint = options.rdzv_endpoint or (f"{host}:{port}" if nnodes > 1 else None)
+        return nnodes, node_rank, endpoint, "slurm"
+    nnodes = options.nnodes or 1
+    node_rank = options.node_rank or 0
+    if not 0 <= node_rank < nnodes:
+        raise ConfigError(
+            f"--node-rank {node_rank} must be in 0..{nnodes - 1} for --nnodes {nnodes}."
+        )
+    return nnodes, node_rank, options.rdzv_endpoint, "command line"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -1,0 +1,109 @@
+"""``paratrain run`` planning: torchrun command lines, Slurm, and errors that name the fix."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from paratrain.errors import ConfigError, EnvironmentMismatchError
+from paratrain.launch.command import failure_summary
+from paratrain.launch.plan import RunOptions, make_plan
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "train.py"
+    path.write_text("print('hi')\n")
+    return path
+
+
+def test_single_node_cpu(script: Path) -> None:
+    plan = make_plan(RunOptions(target=[str(script), "--lr", "3"], nproc="2"), env={}, gpus=0)
+    assert plan.argv[1:4] == ["-m", "torch.distributed.run", "--nproc-per-node=2"]
+    assert "--standalone" in plan.argv and plan.argv[-3:] == [str(script), "--lr", "3"]
+    assert plan.backend == "gloo" and plan.env["PARATRAIN_RUN_DIR"] == "runs/paratrain"
+    assert "2 rank(s)" in plan.describe()
+
+
+def test_auto_nproc_without_gpus_says_so(script: Path) -> None:
+    plan = make_plan(RunOptions(target=[str(script)]), env={}, gpus=0)
+    assert plan.nproc == 1 and "--nproc N" in plan.notes[0]
+    assert make_plan(RunOptions(target=[str(script)]), env={}, gpus=4).nproc == 4
+
+
+def test_multi_node_and_module_target() -> None:
+    plan = make_plan(
+        RunOptions(
+            target=["-m", "pkg.train"],
+            nproc="4",
+            nnodes=2,
+            node_rank=1,
+            rdzv_endpoint="node0:29400",
+            rdzv_id="job7",
+        ),
+        env={},
+        gpus=4,
+    )
+    assert "--nnodes=2" in plan.argv and "--node-rank=1" in plan.argv
+    assert "--rdzv-endpoint=node0:29400" in plan.argv and "--rdzv-id=job7" in plan.argv
+    assert plan.argv[-2:] == ["-m", "pkg.train"] and "--standalone" not in plan.argv
+
+
+def test_slurm_allocation_gives_nodes_and_host(script: Path) -> None:
+    env = {
+        "SLURM_JOB_ID": "4242",
+        "SLURM_NNODES": "3",
+        "SLURM_NODEID": "2",
+        "SLURM_JOB_NODELIST": "gpu[11-13]",
+    }
+    plan = make_plan(RunOptions(target=[str(script)], nproc="8"), env=env, gpus=8)
+    assert (plan.nnodes, plan.node_rank, plan.source) == (3, 2, "slurm")
+    assert plan.endpoint == f"gpu11:{20000 + 4242 % 10000}"
+
+
+@pytest.mark.parametrize(
+    "options,needle",
+    [
+        (dict(target=["missing.py"]), "Script missing.py not found"),
+        (dict(target=[]), "Nothing to run"),
+        (dict(target=["-m"]), "-m needs a module"),
+        (dict(target=["-m", "x"], nproc="zero"), "whole number or 'auto'"),
+        (dict(target=["-m", "x"], nnodes=2), "needs --rdzv-endpoint"),
+        (dict(target=["-m", "x"], nnodes=2, node_rank=2, rdzv_endpoint="h:1"), "--node-rank 2"),
+    ],
+)
+def test_bad_options(options: dict[str, object], needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        make_plan(RunOptions(**options), env={}, gpus=0)  # type: ignore[arg-type]
+
+
+def test_machine_mismatches(script: Path) -> None:
+    with pytest.raises(EnvironmentMismatchError, match="--backend nccl needs CUDA GPUs"):
+        make_plan(RunOptions(target=[str(script)], backend="nccl"), env={}, gpus=0)
+    with pytest.raises(EnvironmentMismatchError, match="only 2 GPU"):
+        make_plan(RunOptions(target=[str(script)], nproc="4"), env={}, gpus=2)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(EnvironmentMismatchError, match="already in use") as err:
+            make_plan(
+                RunOptions(target=[str(script)], nnodes=1, rdzv_endpoint=f"127.0.0.1:{port}"),
+                env={},
+                gpus=0,
+            )
+    assert "--rdzv-endpoint 127.0.0.1:" in str(err.value)
+
+
+def test_failure_summary_names_rank_and_signal() -> None:
+    report = """Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-22_20:31:05
+  host      : box
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 16805)
+"""
+    assert failure_summary(report) == "rank 1 (local rank 1) was killed by SIGKILL"
+    assert failure_summary("no report") is None
