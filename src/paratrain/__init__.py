@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from paratrain.checkpoint.loading import LoadReport, load_weights
     from paratrain.config import RunConfig
     from paratrain.data import ExactOnceSampler, to_device
-    from paratrain.launch.spawn import RankFailedError, launch
+    from paratrain.launcher.spawn import RankFailedError, launch
     from paratrain.run import Run
     from paratrain.topology import Topology
 
@@ -39,8 +39,8 @@ _LAZY = {
     "ExactOnceSampler": "paratrain.data",
     "to_device": "paratrain.data",
     "Run": "paratrain.run",
-    "launch": "paratrain.launch.spawn",
-    "RankFailedError": "paratrain.launch.spawn",
+    "launch": "paratrain.launcher.spawn",
+    "RankFailedError": "paratrain.launcher.spawn",
     "Topology": "paratrain.topology",
 }
 

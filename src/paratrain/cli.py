@@ -25,7 +25,7 @@ COMMANDS = {
     "demo": "paratrain.demo.command",
     "ckpt": "paratrain.checkpoint.command",
     "bench": "paratrain.bench.command",
-    "run": "paratrain.launch.command",
+    "run": "paratrain.launcher.command",
 }
 
 

@@ -71,7 +71,7 @@ def run_command(args: argparse.Namespace) -> int:
     """Validate, print the topology, run torchrun, explain a failure."""
     import torch
 
-    from paratrain.launch.plan import RunOptions, make_plan
+    from paratrain.launcher.plan import RunOptions, make_plan
 
     options = RunOptions(
         target=list(args.target),

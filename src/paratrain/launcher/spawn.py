@@ -68,6 +68,13 @@ def _worker(
         out.put((rank, False, traceback.format_exc()))
 
 
+def _root_cause(errors: dict[int, str]) -> int:
+    """The failing rank whose error is not just a peer having gone away."""
+    secondary = ("Connection closed by peer", "remote worker", "Connection reset")
+    primary = [r for r, text in errors.items() if not any(s in text for s in secondary)]
+    return min(primary or errors)
+
+
 def _context(fn: Callable[..., Any]) -> Any:
     main = sys.modules.get("__main__")
     interactive = fn.__module__ == "__main__" and not hasattr(main, "__file__")
@@ -100,23 +107,26 @@ def launch(
     for p in procs:
         p.start()
     results: dict[int, Any] = {}
+    errors: dict[int, str] = {}
     try:
-        while len(results) < nproc:
-            rank, ok, payload = out.get(timeout=timeout_s)
-            if not ok:
-                raise RankFailedError(rank, payload)
-            results[rank] = payload
+        while len(results) + len(errors) < nproc:
+            rank, ok, payload = out.get(timeout=3.0 if errors else timeout_s)
+            (results if ok else errors)[rank] = payload
     except queue.Empty:
-        missing = sorted(set(range(nproc)) - set(results))
-        raise RankFailedError(
-            missing[0], f"ranks {missing} gave no result within {timeout_s:.0f}s (hung or died)"
-        ) from None
+        if not errors:
+            missing = sorted(set(range(nproc)) - set(results))
+            raise RankFailedError(
+                missing[0], f"ranks {missing} gave no result within {timeout_s:.0f}s (hung?)"
+            ) from None
     finally:
         for p in procs:
             p.join(timeout=5)
             if p.is_alive():
                 p.kill()
                 p.join()
+    if errors:
+        rank = _root_cause(errors)
+        raise RankFailedError(rank, errors[rank])
     import torch
 
     return torch.load(io.BytesIO(results[0]), weights_only=False)

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from paratrain.errors import ConfigError, EnvironmentMismatchError
-from paratrain.launch.command import failure_summary
-from paratrain.launch.plan import RunOptions, make_plan
+from paratrain.launcher.command import failure_summary
+from paratrain.launcher.plan import RunOptions, make_plan
 
 
 @pytest.fixture
