@@ -58,6 +58,9 @@ class RunConfig:
     """Show a progress bar (main process only) in :meth:`Run.progress`."""
     timeout_s: float = 600.0
     """Timeout of every collective, in seconds; a stalled rank fails the job instead of hanging."""
+    watchdog: bool = True
+    """Multi-rank runs: a rank idle for 0.9 x timeout_s dumps its stacks to run_dir/stacks and
+    exits, so a stall ends the job with a diagnosis instead of hanging."""
     device_ids: list[int] | None = None
     """``dp`` only: the GPUs DataParallel splits each batch over (default all visible)."""
     sync_batchnorm: bool = False

@@ -141,6 +141,8 @@ class DeviceLoader(Generic[T]):
         """Samples handed out by this loader in all passes (for throughput stats)."""
         self.data_wait_s = 0.0
         """Seconds spent waiting for the next batch in all passes."""
+        self.on_batch: Callable[[], None] | None = None
+        """Called as each batch arrives (the run's hang watchdog counts it as progress)."""
         self.pass_seed: Callable[[int], int] | None = None
         """Seeds the loader's own generator per epoch (worker seeds), when the run owns it."""
 
@@ -181,6 +183,8 @@ class DeviceLoader(Generic[T]):
             self.batches_left = None if total is None else total - index - 1
             self.batches_yielded = index + 1
             index += 1
+            if self.on_batch is not None:
+                self.on_batch()
             yield to_device(batch, self.device, non_blocking=non_blocking)
         self.batches_left = None
         self.finished = True

@@ -47,6 +47,7 @@ from paratrain.seeding import seed_everything
 from paratrain.stats import StatsWriter
 from paratrain.strategies import select_strategy
 from paratrain.topology import Topology
+from paratrain.watchdog import Watchdog
 
 T = TypeVar("T")
 Number = TypeVar("Number", int, float, torch.Tensor)
@@ -70,6 +71,15 @@ class Run:
             self._owns_group = init_process_group(
                 self.topology, backend=selection.backend, timeout_s=self.config.timeout_s
             )
+        self._watchdog = (
+            Watchdog(
+                Path(self.config.run_dir) / "stacks",
+                rank=self.rank,
+                after_s=0.9 * self.config.timeout_s,
+            )
+            if self.strategy.multi_process and self.config.watchdog and self.world_size > 1
+            else None
+        )
         self.console = Console(
             is_main=self.topology.is_main,
             run_dir=self.config.run_dir,
@@ -239,6 +249,7 @@ class Run:
         device_loader: data.DeviceLoader[Any] = data.DeviceLoader(
             loader, self.device, lambda: self.epoch, self._pass_start if train else None
         )
+        device_loader.on_batch = self._progress
         if owns_generator:
             seed, rank = self.config.seed, self.rank
             device_loader.pass_seed = lambda epoch: (seed * 1_000_003 + epoch) * 4099 + rank
@@ -289,6 +300,7 @@ class Run:
 
     def backward(self, loss: torch.Tensor) -> None:
         """``loss.backward()`` with the loss divided by ``grad_accum`` and scaled for fp16."""
+        self._progress()
         if self.config.grad_accum > 1:
             loss = loss / self.config.grad_accum
         self.precision.scale(loss).backward()  # type: ignore[no-untyped-call]
@@ -301,6 +313,7 @@ class Run:
                 "was run, so run.step cannot tell micro-batches from steps. Put the forward and "
                 "run.backward inside `with run.accumulate(model):`."
             )
+        self._progress()
         if self._accum.used and not self._accum.sync:
             return False
         if optimizer not in self._optimizers:
@@ -321,6 +334,7 @@ class Run:
         self._accum.reset()
         if stepped:
             self.global_step += 1
+            self._progress()
             if scheduler is not None:
                 scheduler.step()
             if self._stats is not None:
@@ -330,6 +344,10 @@ class Run:
                     data_wait_s=sum(ld.data_wait_s for ld in self._train_loaders),
                 )
         return stepped
+
+    def _progress(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.progress(self.global_step)
 
     def _drop_unfinished_window(self) -> None:
         if self._accum.window == 0:
@@ -364,8 +382,10 @@ class Run:
 
     def barrier(self) -> None:
         """Wait until every rank gets here."""
+        self._progress()
         if self.strategy.multi_process and dist.is_initialized():
             dist.barrier()
+        self._progress()
 
     def print(self, *values: object, **kwargs: Any) -> None:
         """``print`` on the main process only."""
@@ -447,6 +467,8 @@ class Run:
         if self._closed:
             return
         self._closed = True
+        if self._watchdog is not None:
+            self._watchdog.stop()
         try:
             if self._store is not None:
                 self._store.wait()

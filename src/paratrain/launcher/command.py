@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -87,6 +88,7 @@ def run_command(args: argparse.Namespace) -> int:
     )
     plan = make_plan(options, env=os.environ, gpus=torch.cuda.device_count())
     print(f"paratrain run: {plan.describe()}; run dir {args.run_dir}", flush=True)
+    shutil.rmtree(args.run_dir / "stacks", ignore_errors=True)  # a previous job's hang report
     for note in plan.notes:
         print(f"paratrain run: note: {note}", flush=True)
     proc = subprocess.Popen(
@@ -101,6 +103,14 @@ def run_command(args: argparse.Namespace) -> int:
     if code == 0:
         return 0
     summary = failure_summary("".join(captured[-200:]))
+    from paratrain.watchdog import diagnose
+
+    stalls = diagnose(args.run_dir / "stacks")
+    if stalls is not None:
+        summary = (
+            f"stalled: {stalls['summary']} (the other ranks waited in collectives; "
+            f"stacks of every rank in {args.run_dir / 'stacks'})"
+        )
     raise ParatrainError(
         f"the job failed: {summary or f'torchrun exited with code {code}'}"
         + (f", after {args.max_restarts} restart(s)" if args.max_restarts else "")
