@@ -59,7 +59,11 @@ def trial(root: Path, reference: dict[str, torch.Tensor], rank: int, step: int) 
     restarts = [json.loads(x) for x in (run_dir / "restarts.jsonl").read_text().splitlines()]
     got = final_weights(run_dir)
     same = all(torch.equal(got[k], reference[k]) for k in reference)
-    return same and len(restarts) == 1 and restarts[0]["resumed"] == (step >= 2)
+    ok = same and len(restarts) == 1 and restarts[0]["resumed"] == (step >= 2)
+    if not ok:
+        print(f"kill rank {rank} at step {step}: identical={same}, restarts={restarts}",
+              file=sys.stderr)
+    return ok
 
 
 def run_trials(trials: int, seed: int = 0) -> tuple[int, list[tuple[int, int]]]:

@@ -8,12 +8,13 @@ In a one-process job these return their input unchanged (gather returns ``[value
 
 from __future__ import annotations
 
+import datetime
 from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
-from paratrain.errors import ConfigError
+from paratrain.errors import ConfigError, ParatrainError
 
 Number = TypeVar("Number", int, float, torch.Tensor)
 
@@ -57,3 +58,30 @@ def gather(value: Any) -> list[Any]:
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, value)
     return out
+
+
+def named_barrier(name: str, *, timeout_s: float, group: Any = None) -> None:
+    """Wait for every rank at barrier ``name``; name the ranks that are late or elsewhere.
+
+    Uses gloo's monitored barrier (``group`` must be a gloo group), then checks that all ranks
+    passed a barrier of the same name.
+    """
+    if not _active():
+        return
+    try:
+        dist.monitored_barrier(
+            group=group, timeout=datetime.timedelta(seconds=timeout_s), wait_all_ranks=True
+        )
+    except RuntimeError as err:
+        raise ParatrainError(
+            f"barrier {name!r}: not every rank arrived within {timeout_s:.0f}s ({err}). The "
+            "late ranks are stuck or took another code path; their stacks tell which."
+        ) from None
+    names: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(names, name, group=group)
+    if len(set(names)) > 1:
+        where = ", ".join(f"rank {r}: {n!r}" for r, n in enumerate(names))
+        raise ConfigError(
+            f"Ranks reached different barriers ({where}). Every rank must pass the same "
+            "barriers in the same order; look for a barrier inside `if run.is_main:`."
+        )

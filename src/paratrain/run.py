@@ -108,6 +108,7 @@ class Run:
         self._optimizers: list[Optimizer] = []
         self._batch_reported = False
         self._resumed = False
+        self._gloo: Any = None
         self.restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
         """How often torchrun restarted this job's workers (0 on the first start)."""
         self._stats = (
@@ -380,12 +381,26 @@ class Run:
         """Every rank's ``value`` in rank order, on every rank."""
         return collectives.gather(value)
 
-    def barrier(self) -> None:
-        """Wait until every rank gets here."""
+    def barrier(self, name: str | None = None) -> None:
+        """Wait until every rank gets here; a ``name`` also checks they all reached the same
+        barrier, and names the ranks that did not arrive within ``timeout_s``."""
         self._progress()
         if self.strategy.multi_process and dist.is_initialized():
-            dist.barrier()
+            if name is None:
+                dist.barrier()
+            else:
+                collectives.named_barrier(
+                    name, timeout_s=self.config.timeout_s, group=self._gloo_group()
+                )
         self._progress()
+
+    def _gloo_group(self) -> Any:
+        """The default group when it is gloo, else a gloo group made once (a collective)."""
+        if dist.get_backend() == "gloo":
+            return None
+        if self._gloo is None:
+            self._gloo = dist.new_group(backend="gloo")
+        return self._gloo
 
     def print(self, *values: object, **kwargs: Any) -> None:
         """``print`` on the main process only."""

@@ -23,6 +23,22 @@ import torch
 import torch.distributed as dist
 
 
+def _worker_exit_hard(
+    rank: int,
+    world_size: int,
+    init_file: str,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    results: Any,
+) -> None:
+    """Like _worker, but end the process without tearing the group down (for tests that leave
+    collectives unmatched on purpose, where destroy_process_group would wait forever)."""
+    _worker(rank, world_size, init_file, fn, args, results, destroy=False)
+    results.close()
+    results.join_thread()
+    os._exit(0)
+
+
 def _worker(
     rank: int,
     world_size: int,
@@ -30,6 +46,7 @@ def _worker(
     fn: Callable[..., Any],
     args: tuple[Any, ...],
     results: Any,
+    destroy: bool = True,
 ) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
@@ -48,12 +65,16 @@ def _worker(
     except BaseException:
         results.put((rank, "error", traceback.format_exc()))
     finally:
-        if dist.is_initialized():
+        if destroy and dist.is_initialized():
             dist.destroy_process_group()
 
 
 def run_distributed(
-    fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 180.0
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    timeout: float = 180.0,
+    exit_hard: bool = False,
 ) -> list[Any]:
     """Run ``fn(*args)`` on ``world_size`` ranks; return the results in rank order."""
     ctx = mp.get_context("spawn")
@@ -61,7 +82,10 @@ def run_distributed(
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "rendezvous")
         procs = [
-            ctx.Process(target=_worker, args=(r, world_size, init_file, fn, args, results))
+            ctx.Process(
+                target=_worker_exit_hard if exit_hard else _worker,
+                args=(r, world_size, init_file, fn, args, results),
+            )
             for r in range(world_size)
         ]
         for p in procs:
