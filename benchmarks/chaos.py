@@ -49,9 +49,11 @@ def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def trial(root: Path, reference: dict[str, torch.Tensor], rank: int, step: int) -> bool:
+def trial(
+    root: Path, reference: dict[str, torch.Tensor], rank: int, step: int, index: int = 0
+) -> bool:
     """One kill; True when the job finished and matches the reference exactly."""
-    run_dir = root / f"kill-r{rank}-s{step}"
+    run_dir = root / f"trial{index}-kill-r{rank}-s{step}"
     proc = launch(run_dir, "--kill-rank", str(rank), "--kill-step", str(step))
     if proc.returncode != 0 or not (run_dir / "final.pt").exists():
         print(proc.stdout[-2000:], proc.stderr[-4000:], file=sys.stderr)
@@ -61,8 +63,10 @@ def trial(root: Path, reference: dict[str, torch.Tensor], rank: int, step: int) 
     same = all(torch.equal(got[k], reference[k]) for k in reference)
     ok = same and len(restarts) == 1 and restarts[0]["resumed"] == (step >= 2)
     if not ok:
-        print(f"kill rank {rank} at step {step}: identical={same}, restarts={restarts}",
-              file=sys.stderr)
+        print(
+            f"kill rank {rank} at step {step}: identical={same}, restarts={restarts}",
+            file=sys.stderr,
+        )
     return ok
 
 
@@ -76,7 +80,7 @@ def run_trials(trials: int, seed: int = 0) -> tuple[int, list[tuple[int, int]]]:
         if ref.returncode != 0:
             raise SystemExit(f"the uninterrupted run failed:\n{ref.stderr[-4000:]}")
         reference = final_weights(root / "reference")
-        ok = sum(trial(root, reference, rank, step) for rank, step in kills)
+        ok = sum(trial(root, reference, rank, step, i) for i, (rank, step) in enumerate(kills))
     return ok, kills
 
 
