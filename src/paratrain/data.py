@@ -26,6 +26,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, Sampler
 
 from paratrain.errors import ConfigError
+from paratrain.topology import Topology
 
 T = TypeVar("T")
 
@@ -250,3 +251,57 @@ def build_sampler(
         seed=seed,
         drop_last=drop_last,
     )
+
+
+def make_loader(
+    dataset: Dataset[Any],
+    batch_size: int,
+    *,
+    train: bool,
+    shuffle: bool,
+    drop_last: bool,
+    seed: int,
+    topology: Topology,
+    device: torch.device,
+    num_workers: int | None,
+    epoch: Callable[[], int],
+    start: Callable[[DeviceLoader[Any], int], int] | None,
+    kwargs: dict[str, Any],
+) -> DeviceLoader[Any]:
+    """The DataLoader behind ``run.loader`` / ``run.eval_loader``, wrapped in a DeviceLoader."""
+    check_batch_size(batch_size)
+    for reserved in ("sampler", "batch_sampler"):
+        if reserved in kwargs:
+            raise ConfigError(
+                f"run.loader chooses the {reserved} itself, so ranks get disjoint data. Drop "
+                f"{reserved}=..., or build your own DataLoader and skip run.loader."
+            )
+    sampler = build_sampler(
+        dataset,
+        train=train,
+        shuffle=shuffle,
+        drop_last=drop_last,
+        seed=seed,
+        rank=topology.rank,
+        world_size=topology.world_size,
+    )
+    workers = (
+        default_workers(device, topology.local_world_size) if num_workers is None else (num_workers)
+    )
+    kwargs.setdefault("pin_memory", device.type == "cuda")
+    kwargs.setdefault("persistent_workers", workers > 0)
+    owns_generator = "generator" not in kwargs
+    kwargs.setdefault("generator", torch.Generator())
+    loader = DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=workers,
+        drop_last=drop_last and train,
+        **kwargs,
+    )
+    device_loader: DeviceLoader[Any] = DeviceLoader(loader, device, epoch, start)
+    if owns_generator:
+        rank = topology.rank
+        device_loader.pass_seed = lambda e: (seed * 1_000_003 + e) * 4099 + rank
+    return device_loader

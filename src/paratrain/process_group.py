@@ -21,8 +21,21 @@ from paratrain.errors import ConfigError, EnvironmentMismatchError
 from paratrain.topology import Topology
 
 
-def init_process_group(topology: Topology, *, backend: str, timeout_s: float) -> bool:
-    """Join the job's process group; return True when this call created it."""
+def init_process_group(
+    topology: Topology, *, backend: str, timeout_s: float, trace_dir: str | None = None
+) -> bool:
+    """Join the job's process group; return True when this call created it.
+
+    With nccl, the flight recorder is switched on (unless configured already): a collective
+    that times out leaves a trace of the last collectives per rank in ``trace_dir``.
+    """
+    if backend == "nccl" and trace_dir is not None:
+        os.makedirs(trace_dir, exist_ok=True)
+        os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
+        os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+        os.environ.setdefault(
+            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", os.path.join(trace_dir, "nccl_trace_rank_")
+        )
     if not dist.is_available():
         raise EnvironmentMismatchError(
             "torch.distributed is not available in this torch build. Install a standard torch "

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.optim import Optimizer
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from paratrain import checkpointing, collectives, data
 from paratrain.accumulation import Accumulation
@@ -69,7 +69,10 @@ class Run:
         self._owns_group = False
         if self.strategy.multi_process:
             self._owns_group = init_process_group(
-                self.topology, backend=selection.backend, timeout_s=self.config.timeout_s
+                self.topology,
+                backend=selection.backend,
+                timeout_s=self.config.timeout_s,
+                trace_dir=str(Path(self.config.run_dir) / "stacks"),
             )
         self._watchdog = (
             Watchdog(
@@ -216,44 +219,21 @@ class Run:
         drop_last: bool,
         kwargs: dict[str, Any],
     ) -> data.DeviceLoader[Any]:
-        data.check_batch_size(batch_size)
-        for reserved in ("sampler", "batch_sampler"):
-            if reserved in kwargs:
-                raise ConfigError(
-                    f"run.loader chooses the {reserved} itself, so ranks get disjoint data. Drop "
-                    f"{reserved}=..., or build your own DataLoader and skip run.loader."
-                )
-        sampler = data.build_sampler(
+        device_loader = data.make_loader(
             dataset,
+            batch_size,
             train=train,
             shuffle=shuffle,
             drop_last=drop_last,
             seed=self.config.seed,
-            rank=self.rank,
-            world_size=self.world_size,
-        )
-        workers = kwargs.pop("num_workers", self.config.num_workers)
-        if workers is None:
-            workers = data.default_workers(self.device, self.topology.local_world_size)
-        kwargs.setdefault("pin_memory", self.device.type == "cuda")
-        kwargs.setdefault("persistent_workers", workers > 0)
-        owns_generator = "generator" not in kwargs
-        kwargs.setdefault("generator", torch.Generator())
-        loader = DataLoader(
-            dataset,
-            batch_size=batch_size,
-            sampler=sampler,
-            num_workers=workers,
-            drop_last=drop_last and train,
-            **kwargs,
-        )
-        device_loader: data.DeviceLoader[Any] = data.DeviceLoader(
-            loader, self.device, lambda: self.epoch, self._pass_start if train else None
+            topology=self.topology,
+            device=self.device,
+            num_workers=kwargs.pop("num_workers", self.config.num_workers),
+            epoch=lambda: self.epoch,
+            start=self._pass_start if train else None,
+            kwargs=kwargs,
         )
         device_loader.on_batch = self._progress
-        if owns_generator:
-            seed, rank = self.config.seed, self.rank
-            device_loader.pass_seed = lambda epoch: (seed * 1_000_003 + epoch) * 4099 + rank
         return device_loader
 
     def _pass_start(self, loader: data.DeviceLoader[Any], epoch: int) -> int:
