@@ -69,7 +69,10 @@ def _first_half(root: str) -> dict[str, Any]:
 
 def _second_half(root: str) -> dict[str, Any]:
     out: dict[str, Any] = {s: _train(Path(root) / s / "b", s, resume=True) for s in STRATEGIES}
-    with pt.Run(strategy="ddp", progress=False, ckpt_dir=Path(root) / "lonely", timeout_s=3) as run:
+    # No watchdog: rank 1 idles on purpose while rank 0 waits in save().
+    with pt.Run(
+        strategy="ddp", progress=False, ckpt_dir=Path(root) / "lonely", timeout_s=3, watchdog=False
+    ) as run:
         model = run.setup(mlp())
         if run.rank == 0:
             try:

@@ -15,6 +15,7 @@ import multiprocessing as mp
 import os
 import queue
 import tempfile
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -91,15 +92,22 @@ def run_distributed(
         for p in procs:
             p.start()
         outcome: dict[int, tuple[str, Any]] = {}
+        deadline = time.monotonic() + timeout
         try:
             while len(outcome) < world_size:
-                rank, status, payload = results.get(timeout=timeout)
+                try:
+                    rank, status, payload = results.get(timeout=1.0)
+                except queue.Empty:
+                    dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+                    if dead or time.monotonic() > deadline:
+                        missing = sorted(set(range(world_size)) - set(outcome))
+                        raise AssertionError(
+                            f"ranks {missing} did not finish (exited early: {dead})"
+                        ) from None
+                    continue
                 outcome[rank] = (status, payload)
                 if status == "error":
                     break
-        except queue.Empty:
-            missing = sorted(set(range(world_size)) - set(outcome))
-            raise AssertionError(f"ranks {missing} did not finish within {timeout:.0f}s") from None
         finally:
             for p in procs:
                 p.join(timeout=10)
