@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import struct
 from pathlib import Path
 
 import pytest
@@ -12,13 +11,7 @@ import torch
 from paratrain.bench.models import MODELS, build_spec
 from paratrain.bench.runner import make_plan
 from paratrain.cli import main
-
-
-def _png_size(path: Path) -> tuple[int, int]:
-    head = path.read_bytes()[:24]
-    assert head[:8] == b"\x89PNG\r\n\x1a\n"
-    width, height = struct.unpack(">II", head[16:24])
-    return width, height
+from tests.support.images import png_size
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -103,7 +96,7 @@ def test_bench_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert ddp2["step_ms_p90"] >= ddp2["step_ms_p50"]
     assert "skipped" in rows[("cpu", 2)] and "skipped" in rows[("dp", 1)]
     for name in ("throughput_vs_ranks.png", "memory_per_rank.png"):
-        width, height = _png_size(tmp_path / name)
+        width, height = png_size(tmp_path / name)
         assert width > 400 and height > 200
 
 

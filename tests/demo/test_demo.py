@@ -1,7 +1,6 @@
 """``paratrain demo`` end to end: torchrun, 2 gloo ranks, save, reload in a fresh process."""
 
 import json
-import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -11,15 +10,9 @@ import torch
 
 from paratrain.demo.digits import DigitsCNN
 from paratrain.monitor.snapshot import snapshot
+from tests.support.images import png_size
 
 pytestmark = pytest.mark.dist
-
-
-def _png_size(path: Path) -> tuple[int, int]:
-    head = path.read_bytes()[:24]
-    assert head[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG file"
-    width, height = struct.unpack(">II", head[16:24])
-    return width, height
 
 
 def test_demo_trains_saves_reloads_and_plots(tmp_path: Path) -> None:
@@ -51,7 +44,7 @@ def test_demo_trains_saves_reloads_and_plots(tmp_path: Path) -> None:
     assert state.keys() == DigitsCNN().state_dict().keys()
     # Only the main process prints the epoch lines.
     assert proc.stdout.count("epoch 12/12") == 1
-    width, height = _png_size(run_dir / "curves.png")
+    width, height = png_size(run_dir / "curves.png")
     assert width > 500 and height > 200
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()

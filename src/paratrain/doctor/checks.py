@@ -6,10 +6,11 @@ results = run_checks(gather())
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from paratrain.ports import free_port, port_is_free
 
 # Oldest Linux driver that runs each CUDA major version (CUDA minor-version compatibility).
 MIN_DRIVER = {11: (450, 80), 12: (525, 60), 13: (580, 65)}
@@ -129,25 +130,14 @@ def check_master_port(f: Facts) -> Check:
     if port is None or "RANK" in f["env"]:  # inside a launched job the port is meant to be taken
         return Check("MASTER_PORT free", "OK", "not set" if port is None else "in a job")
     addr = f["env"].get("MASTER_ADDR", "127.0.0.1")
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1" if addr in ("localhost", "127.0.0.1") else "", int(port)))
-        except (OSError, ValueError) as err:
-            return Check(
-                "MASTER_PORT free",
-                "FAIL",
-                f"port {port} cannot be bound ({err})",
-                f"pick a free port, e.g. MASTER_PORT={free_port()}",
-            )
+    if not port.isdigit() or not port_is_free(addr, int(port)):
+        return Check(
+            "MASTER_PORT free",
+            "FAIL",
+            f"port {port} cannot be bound here",
+            f"pick a free port, e.g. MASTER_PORT={free_port()}",
+        )
     return Check("MASTER_PORT free", "OK", f"port {port} is free")
-
-
-def free_port() -> int:
-    """A port the OS says is free right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def check_nccl_env(f: Facts) -> Check:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from paratrain.errors import ConfigError, EnvironmentMismatchError
+from paratrain.ports import free_port, port_is_free
 from paratrain.topology import first_host
 
 DEFAULT_PORT = 29500
@@ -100,17 +101,6 @@ def _target(options: RunOptions) -> list[str]:
     return target
 
 
-def port_is_free(host: str, port: int) -> bool:
-    """True when ``port`` can be bound on this machine."""
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("" if host not in ("127.0.0.1", "localhost") else host, port))
-        except OSError:
-            return False
-    return True
-
-
 def make_plan(options: RunOptions, *, env: Mapping[str, str], gpus: int) -> LaunchPlan:
     """Validate ``options`` on this machine and build the torchrun command."""
     notes: list[str] = []
@@ -140,7 +130,7 @@ def make_plan(options: RunOptions, *, env: Mapping[str, str], gpus: int) -> Laun
         ):
             raise EnvironmentMismatchError(
                 f"Port {port} on {host} is already in use, so node 0 cannot host the "
-                f"rendezvous. Pick a free one, e.g. --rdzv-endpoint {host}:{_free_port()}."
+                f"rendezvous. Pick a free one, e.g. --rdzv-endpoint {host}:{free_port()}."
             )
     argv = [
         sys.executable,
@@ -195,9 +185,3 @@ def _nodes(options: RunOptions, env: Mapping[str, str]) -> tuple[int, int, str |
             f"--node-rank {node_rank} must be in 0..{nnodes - 1} for --nnodes {nnodes}."
         )
     return nnodes, node_rank, options.rdzv_endpoint, "command line"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])

@@ -20,13 +20,13 @@ import io
 import multiprocessing as mp
 import os
 import queue
-import socket
 import sys
 import traceback
 from collections.abc import Callable
 from typing import Any
 
 from paratrain.errors import ParatrainError
+from paratrain.ports import free_port
 
 
 class RankFailedError(RuntimeError):
@@ -35,12 +35,6 @@ class RankFailedError(RuntimeError):
     def __init__(self, rank: int, details: str) -> None:
         super().__init__(f"rank {rank} failed:\n{details}")
         self.rank = rank
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _worker(
@@ -100,7 +94,7 @@ def launch(
         raise ParatrainError(f"nproc must be >= 1, got {nproc}.")
     ctx = _context(fn)
     out = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [
         ctx.Process(target=_worker, args=(r, nproc, port, fn, args, out)) for r in range(nproc)
     ]
