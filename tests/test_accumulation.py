@@ -1,16 +1,38 @@
-from paratrain.accumulation import Accumulation
+import pytest
+
+from paratrain.accumulation import Windows
+from paratrain.errors import ConfigError
 from tests.support.training import max_abs_diff, train
 
 
 def test_windows_and_short_last_window() -> None:
-    acc = Accumulation(every=3)
-    syncs = []
+    windows = Windows(every=3)
+    syncs: list[object] = []
     for i in range(7):
-        syncs.append(acc.begin(last_batch=i == 6))
-        if acc.sync:
-            syncs.append(acc.correction())
-            acc.reset()
+        window = windows.begin(1, last=i == 6)
+        windows.end(1)
+        syncs.append(window.sync)
+        if window.sync:
+            syncs.append(window.correction())
+            window.stepped.add(0)
     assert syncs == [False, False, True, 1.0, False, False, True, 1.0, True, 3.0]
+
+
+def test_each_model_has_its_own_window() -> None:
+    windows = Windows(every=2)
+    d, g = windows.begin(1, last=False), windows.begin(2, last=False)
+    windows.end(1), windows.end(2)
+    assert (d.sync, g.sync) == (False, False)
+    d, g = windows.begin(1, last=False), windows.begin(2, last=False)
+    assert (d.sync, g.sync) == (True, True)
+
+
+def test_nested_blocks_of_one_model_are_refused() -> None:
+    windows = Windows(every=2)
+    windows.begin(1, last=False)
+    windows.begin(2, last=False)  # another model may nest (D(G(z)))
+    with pytest.raises(ConfigError, match="inside a run.accumulate block of the same model"):
+        windows.begin(1, last=False)
 
 
 def test_grad_accum_matches_the_large_batch_in_one_process() -> None:

@@ -2,13 +2,13 @@
 
     apply_activation_checkpointing(model, (nn.TransformerEncoderLayer,))
 
-The submodule's ``forward`` is replaced on the instance by a checkpointed call, so the module tree
-and the state-dict keys stay exactly as they were (no ``_checkpoint_wrapped_module.`` prefix).
+Each chosen submodule gets a subclass of its own class whose ``forward`` is checkpointed, so the
+module tree and the state-dict keys stay exactly as they were (no ``_checkpoint_wrapped_module.``
+prefix), and a ``copy.deepcopy`` of the model (EMA, SWA) checkpoints *its own* forward.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch.utils.checkpoint
@@ -16,21 +16,30 @@ from torch import nn
 
 from paratrain.module_policy import ModulePolicy, selected
 
+_CLASSES: dict[type[nn.Module], type[nn.Module]] = {}
+
+
+def _checkpointed_class(cls: type[nn.Module]) -> type[nn.Module]:
+    if cls not in _CLASSES:
+
+        def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+            original = cls.forward.__get__(self)
+            return torch.utils.checkpoint.checkpoint(
+                original, *args, use_reentrant=False, **kwargs
+            )
+
+        checkpointed = type(cls.__name__, (cls,), {"forward": forward, "_paratrain_ac": True})
+        checkpointed.__qualname__ = cls.__qualname__
+        checkpointed.__module__ = cls.__module__
+        _CLASSES[cls] = checkpointed
+    return _CLASSES[cls]
+
 
 def apply_activation_checkpointing(model: nn.Module, policy: ModulePolicy) -> int:
     """Checkpoint every submodule chosen by ``policy``; return how many were."""
     modules = selected(model, policy)
     for module in modules:
-        if getattr(module, "_paratrain_checkpointed", False):
+        if getattr(type(module), "_paratrain_ac", False):
             continue
-        original = module.forward
-
-        @functools.wraps(original)
-        def forward(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
-            return torch.utils.checkpoint.checkpoint(
-                _original, *args, use_reentrant=False, **kwargs
-            )
-
-        module.forward = forward
-        module._paratrain_checkpointed = True  # type: ignore[assignment]
+        module.__class__ = _checkpointed_class(type(module))
     return len(modules)

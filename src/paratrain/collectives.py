@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -34,6 +35,8 @@ def reduce(value: Number, op: str = "sum", *, device: torch.device | None = None
     """All-reduce ``value`` over ranks with ``op`` (sum, mean, max, min); every rank gets it."""
     if op not in _OPS:
         raise ConfigError(f"Unknown reduce op {op!r}. Available: {', '.join(_OPS)}.")
+    if isinstance(value, (np.generic, np.ndarray)):
+        return _reduce_numpy(value, op, device)  # type: ignore[no-any-return]
     if not _active():
         return value
     if isinstance(value, torch.Tensor):
@@ -49,6 +52,21 @@ def reduce(value: Number, op: str = "sum", *, device: torch.device | None = None
     if isinstance(value, torch.Tensor):
         return tensor.to(value.device)
     return tensor.item()  # type: ignore[return-value]
+
+
+def _reduce_numpy(value: np.generic | np.ndarray, op: str, device: torch.device | None) -> Any:
+    """numpy scalars and arrays keep their type and dtype (a 0-d float32 stays a float)."""
+    array = np.asarray(value)
+    if not _active():
+        return value
+    tensor = torch.from_numpy(np.array(array, dtype=np.float64 if op == "mean" else array.dtype))
+    result = reduce(tensor, op, device=device).cpu().numpy()
+    if op == "mean" and not np.issubdtype(array.dtype, np.floating):
+        return result if array.ndim else result.item()
+    result = result.astype(array.dtype)
+    if isinstance(value, np.generic):
+        return result.dtype.type(result)
+    return result
 
 
 def gather(value: Any) -> list[Any]:

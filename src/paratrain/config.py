@@ -9,13 +9,14 @@ machine vs GPUs) happen when the strategy is chosen, in :mod:`paratrain.strategi
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from paratrain.errors import ConfigError
 from paratrain.module_policy import ModulePolicy
 
+STRATEGY_NAMES = ("cpu", "single", "dp", "ddp", "fsdp")
+"""Every strategy name; :mod:`paratrain.strategies` maps each to its class."""
 PRECISIONS = ("fp32", "bf16", "fp16")
 ACCELERATORS = ("auto", "cpu", "cuda")
 BACKENDS = ("nccl", "gloo")
@@ -30,20 +31,24 @@ class RunConfig:
     """How the model is placed and synchronised: auto, cpu, single, dp, ddp or fsdp."""
     accelerator: str = "auto"
     """Device kind: ``auto`` (cuda when a GPU is visible, else cpu), ``cpu`` or ``cuda``."""
-    backend: str | None = field(default_factory=lambda: os.environ.get("PARATRAIN_BACKEND"))
-    """Collective backend; default nccl on cuda, gloo on cpu."""
+    backend: str | None = None
+    """Collective backend; default ``paratrain run --backend``, else nccl on cuda, gloo on cpu."""
     precision: str = "fp32"
     """``fp32``, ``bf16`` (autocast) or ``fp16`` (autocast + dynamic loss scaling)."""
     grad_accum: int = 1
     """Micro-batches per optimizer step; gradients are synchronised on the last one only."""
+    global_batch: int | None = None
+    """Samples per optimizer step over all ranks. When set, grad_accum is derived from it at
+    the first ``run.loader`` (global batch / (per-rank batch x world size)); it must divide."""
     max_grad_norm: float | None = None
     """Clip the global gradient norm to this value before each step (after unscaling)."""
     seed: int = 0
-    """Seeds python, numpy and torch identically on every rank, and the samplers' shuffling."""
-    run_dir: str | Path = field(
-        default_factory=lambda: os.environ.get("PARATRAIN_RUN_DIR", "runs/paratrain")
-    )
-    """Where logs, stats, checkpoints go (main process); `paratrain run --run-dir` sets it."""
+    """Shared by all ranks: model initialisation and the samplers' shuffling. After the first
+    ``run.setup`` every rank's python/numpy/torch generators follow ``run.rank_seed`` (rank 0
+    keeps ``seed``), so dropout, augmentation and own batch sampling differ across ranks."""
+    run_dir: str | Path | None = None
+    """Where logs, stats, checkpoints go (default ``paratrain run --run-dir``, else
+    runs/paratrain). Passing a different one than the launcher is an error."""
     ckpt_dir: str | Path | None = None
     """Where :meth:`Run.save` writes and :meth:`Run.resume` looks (default run_dir/checkpoints)."""
     keep_last: int | None = 3
@@ -87,8 +92,6 @@ class RunConfig:
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the first invalid setting and its fix."""
-        from paratrain.strategies import STRATEGY_NAMES
-
         _one_of("strategy", self.strategy, ("auto", *STRATEGY_NAMES))
         _one_of("accelerator", self.accelerator, ACCELERATORS)
         _one_of("precision", self.precision, PRECISIONS)
@@ -97,6 +100,13 @@ class RunConfig:
         if self.comm_hook is not None:
             _one_of("comm_hook", self.comm_hook, COMM_HOOKS)
         _positive_int("grad_accum", self.grad_accum, "grad_accum=1 steps after every micro-batch")
+        if self.global_batch is not None:
+            _positive_int("global_batch", self.global_batch, "or None to use grad_accum")
+            if self.grad_accum != 1:
+                raise ConfigError(
+                    f"global_batch={self.global_batch} and grad_accum={self.grad_accum} both "
+                    "set: grad_accum is derived from global_batch. Pass one of them."
+                )
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:
             raise ConfigError(
                 f"max_grad_norm must be > 0, got {self.max_grad_norm}. "

@@ -5,30 +5,50 @@
         ...
     evaluation = run.eval_loader(test_set, batch_size=256)             # every sample exactly once
 
-Training: a :class:`ShardedSampler` (``DistributedSampler``'s order, plus resuming mid-epoch;
-used for one rank too, so one seed gives one order everywhere) shuffles by ``(seed, epoch)``.
-Ranks see disjoint slices of one permutation; when the dataset does not divide by the world
-size, the sampler repeats the first few samples so every rank runs the same number of batches
-and no rank waits in a collective for one that has finished. Evaluation:
-:class:`ExactOnceSampler` never pads, so metrics reduced with ``run.reduce`` count each sample
-once.
+A training :class:`DeviceLoader` knows where it is: the epoch of its pass and the samples all
+ranks consumed in it. That position is part of every checkpoint (``state_dict``), so a resumed
+run continues each loader exactly where it stopped, and ``len(loader)`` is the length of the pass
+about to run (shorter right after a mid-epoch resume). A second pass within one epoch (a loop
+that does not use ``run.epochs``) is shuffled as the next epoch, with a warning, instead of
+repeating the same order. Samplers: :mod:`paratrain.samplers`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sized
-from typing import Any, Generic, TypeVar
+from collections.abc import Iterator, Mapping
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, Sampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
 
 from paratrain.errors import ConfigError
+from paratrain.samplers import (
+    EvenBatchSampler,
+    ExactOnceSampler,
+    ShardedSampler,
+    build_sampler,
+    dataset_size,
+)
 from paratrain.topology import Topology
 
+__all__ = [
+    "DeviceLoader",
+    "EvenBatchSampler",
+    "ExactOnceSampler",
+    "LoaderHooks",
+    "ShardedSampler",
+    "build_sampler",
+    "check_batch_size",
+    "make_loader",
+    "to_device",
+]
+
 T = TypeVar("T")
+_PASSES = itertools.count()
 
 
 def to_device(batch: T, device: torch.device, *, non_blocking: bool = False) -> T:
@@ -56,139 +76,178 @@ def to_device(batch: T, device: torch.device, *, non_blocking: bool = False) -> 
     return moved  # type: ignore[no-any-return]
 
 
-class ShardedSampler(Sampler[int]):
-    """Rank ``r`` of ``w`` gets ``order[start + r :: w]`` of one epoch-seeded permutation.
+class LoaderHooks(Protocol):
+    """What a loader asks of the run it belongs to."""
 
-    Identical to ``DistributedSampler`` when ``start`` is 0 (same permutation, same padding by
-    repeating the first samples, same ``drop_last``). ``set_start(n)`` skips the first ``n``
-    samples of the global order for one pass: how a resumed run continues mid-epoch, at any
-    world size.
-    """
+    def current_epoch(self) -> int:
+        """The run's epoch (``run.epoch``)."""
+        ...
 
-    def __init__(
-        self, size: int, *, rank: int, world_size: int, shuffle: bool, seed: int, drop_last: bool
-    ) -> None:
-        self.size, self.rank, self.world_size = size, rank, world_size
-        self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
-        self.epoch = 0
-        self.start = 0
+    def on_pass_start(self, loader: DeviceLoader[Any]) -> None:
+        """A pass begins (training: the loop starts; evaluation: sync buffers)."""
+        ...
 
-    def set_epoch(self, epoch: int) -> None:
-        """Choose the permutation of ``epoch``."""
-        self.epoch = epoch
+    def on_batch(self) -> None:
+        """A batch arrived (progress for the hang watchdog)."""
+        ...
 
-    def set_start(self, samples: int) -> None:
-        """Skip the first ``samples`` of the global order in the next pass."""
-        self.start = samples
-
-    def _global_order(self) -> list[int]:
-        if self.shuffle:
-            g = torch.Generator().manual_seed(self.seed + self.epoch)
-            order = torch.randperm(self.size, generator=g).tolist()
-        else:
-            order = list(range(self.size))
-        rest = order[self.start :]
-        if self.drop_last:
-            return rest[: len(rest) // self.world_size * self.world_size]
-        total = -(-len(rest) // self.world_size) * self.world_size
-        while rest and len(rest) < total:
-            rest += rest[: total - len(rest)]
-        return rest
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._global_order()[self.rank :: self.world_size])
-
-    def __len__(self) -> int:
-        rest = max(self.size - self.start, 0)
-        return rest // self.world_size if self.drop_last else -(-rest // self.world_size)
+    def warn(self, message: str) -> None:
+        """A warning from the main process."""
+        ...
 
 
-class ExactOnceSampler(Sampler[int]):
-    """Rank ``r`` of ``w`` gets indices ``r, r + w, r + 2w, ...``: no padding, no duplicates."""
+@dataclasses.dataclass(slots=True)
+class Position:
+    """Where a training loader is: the epoch of its pass and the samples all ranks consumed."""
 
-    def __init__(self, size: int, *, rank: int, world_size: int) -> None:
-        self.indices = range(rank, size, world_size)
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.indices)
-
-    def __len__(self) -> int:
-        return len(self.indices)
+    epoch: int = -1
+    """Epoch of the current (or last) pass; -1 before the first."""
+    samples: int = 0
+    """Samples of the global order consumed in that pass, by all ranks together."""
+    finished: bool = False
+    """True once that pass ran to its end."""
 
 
 class DeviceLoader(Generic[T]):
-    """Wraps a DataLoader: sets the sampler epoch, moves batches, tracks the batches left."""
+    """Wraps a DataLoader: sets the sampler epoch, moves batches, knows its position."""
 
     def __init__(
         self,
         loader: DataLoader[Any],
         device: torch.device,
-        epoch: Callable[[], int],
-        start: Callable[[DeviceLoader[Any], int], int] | None = None,
+        *,
+        hooks: LoaderHooks,
+        train: bool,
+        world_size: int = 1,
+        name: str = "loader",
     ) -> None:
         self.loader = loader
         self.device = device
-        self._epoch = epoch
-        self._start = start
-        self.batches_left: int | None = None
-        """Batches still to come in the current pass; None when the length is unknown."""
-        self.batches_yielded = 0
-        """Batches handed out in the current (or last) pass."""
-        self.pass_start = 0
-        """Global samples skipped at the start of the current pass (a resumed run)."""
-        self.finished = False
-        """True once the last pass ran to its end."""
+        self.hooks = hooks
+        self.train = train
+        self.world_size = world_size
+        self.name = name
+        """Key of this loader's position in checkpoints."""
+        self.position = Position()
+        """The current (or last) pass; saved with every checkpoint."""
+        self.in_progress = False
+        """True while a pass is being iterated."""
+        self.pass_id = -1
+        """Increases with every pass of any loader: the earliest running pass drives the epoch."""
+        self.pass_length: int | None = None
+        """Batches of the current pass; None when the length is unknown."""
         self.samples = 0
         """Samples handed out by this loader in all passes (for throughput stats)."""
         self.data_wait_s = 0.0
         """Seconds spent waiting for the next batch in all passes."""
-        self.on_batch: Callable[[], None] | None = None
-        """Called as each batch arrives (the run's hang watchdog counts it as progress)."""
-        self.pass_seed: Callable[[int], int] | None = None
-        """Seeds the loader's own generator per epoch (worker seeds), when the run owns it."""
+        self.pass_seed: Any = None
+        """``epoch -> seed`` of the loader's own generator (worker seeds), when the run owns it."""
+        self._restored: Position | None = None
+        self._warned_second_pass = False
+
+    # -- position ------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The loader's position (plain data)."""
+        return dataclasses.asdict(self.position)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state`` at the next pass (a resumed run)."""
+        self.position = Position(**state)
+        self._restored = Position(**state)
+
+    def _next_pass(self) -> tuple[int, int]:
+        """(epoch, samples to skip) of the pass about to start."""
+        run_epoch = self.hooks.current_epoch()
+        last, restored = self.position, self._restored
+        if restored is not None and restored.epoch >= run_epoch:
+            if restored.finished:  # consumed before the save: this pass is empty
+                return restored.epoch, self._size()
+            return restored.epoch, restored.samples
+        if last.epoch >= run_epoch:
+            return last.epoch + 1, 0  # a second pass in one epoch
+        return run_epoch, 0
+
+    def _size(self) -> int:
+        sampler = self.loader.sampler
+        return sampler.size if isinstance(sampler, ShardedSampler) else 0
 
     def __len__(self) -> int:
+        if self.in_progress and self.pass_length is not None:
+            return self.pass_length
+        sampler = self.loader.sampler
+        if self.train and isinstance(sampler, ShardedSampler):
+            return self._batches(sampler.length_from(self._next_pass()[1]))
         return len(self.loader)
+
+    def _batches(self, samples: int) -> int:
+        size = self.loader.batch_size or 1
+        return samples // size if self.loader.drop_last else -(-samples // size)
 
     @property
     def sampler(self) -> Any:
         """The underlying sampler (a ShardedSampler for training loaders)."""
         return self.loader.sampler
 
+    # -- iteration -----------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
+        if not self.train:
+            return self._iterate(self.hooks.current_epoch(), 0)
+        epoch, start = self._next_pass()
+        if self._restored is None and self.position.epoch >= self.hooks.current_epoch():
+            self._warn_second_pass(epoch)
+        self._restored = None
+        return self._iterate(epoch, start)
+
+    def _warn_second_pass(self, epoch: int) -> None:
+        if self._warned_second_pass:
+            return
+        self._warned_second_pass = True
+        self.hooks.warn(
+            f"{self.name} started a new pass while epoch {self.hooks.current_epoch()} already had "
+            f"one; it is shuffled as epoch {epoch} so it does not repeat the order. Loop with "
+            "`for epoch in run.epochs(N):` so that samplers, checkpoints and resume know the "
+            "epoch (a `for epoch in range(N)` loop never tells them)."
+        )
+
+    def _iterate(self, epoch: int, start: int) -> Iterator[Any]:
         sampler = self.loader.sampler
-        epoch = self._epoch()
         if isinstance(sampler, (ShardedSampler, DistributedSampler)):
             sampler.set_epoch(epoch)
-        self.pass_start = self._start(self, epoch) if self._start is not None else 0
+        if isinstance(sampler, ShardedSampler):
+            sampler.set_start(start)
         if self.pass_seed is not None and self.loader.generator is not None:
             # Iterators draw worker seeds from this generator, not from the global one, so the
             # model's random stream (dropout) does not depend on when a pass starts: resuming
             # mid-epoch then replays it exactly.
             self.loader.generator.manual_seed(self.pass_seed(epoch))
-        if isinstance(sampler, ShardedSampler):
-            sampler.set_start(self.pass_start)
-        self.batches_yielded, self.finished = 0, False
-        total = _length(self.loader)
+        self.hooks.on_pass_start(self)
+        self.pass_id = next(_PASSES)
+        self.pass_length = _length(self.loader)
+        if self.train:
+            self.position = Position(epoch=epoch, samples=start)
+        batch_size = self.loader.batch_size or 1
         non_blocking = bool(self.loader.pin_memory) and self.device.type == "cuda"
-        iterator = iter(self.loader)
-        index = 0
-        while True:
-            started = time.perf_counter()
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                break
-            self.data_wait_s += time.perf_counter() - started
-            self.samples += _batch_len(batch)
-            self.batches_left = None if total is None else total - index - 1
-            self.batches_yielded = index + 1
-            index += 1
-            if self.on_batch is not None:
-                self.on_batch()
-            yield to_device(batch, self.device, non_blocking=non_blocking)
-        self.batches_left = None
-        self.finished = True
+        self.in_progress = True
+        try:
+            iterator = iter(self.loader)
+            while True:
+                started = time.perf_counter()
+                try:
+                    batch = next(iterator)
+                except StopIteration:
+                    break
+                self.data_wait_s += time.perf_counter() - started
+                self.samples += _batch_len(batch)
+                if self.train:
+                    self.position.samples += batch_size * self.world_size
+                self.hooks.on_batch()
+                yield to_device(batch, self.device, non_blocking=non_blocking)
+            if self.train:
+                self.position.finished = True
+        finally:
+            self.in_progress = False
+            if isinstance(sampler, ShardedSampler):
+                sampler.set_start(0)
 
 
 def _batch_len(batch: Any) -> int:
@@ -223,36 +282,6 @@ def default_workers(device: torch.device, local_world_size: int) -> int:
     return max(0, min(4, (os.cpu_count() or 1) // max(local_world_size, 1) - 1))
 
 
-def build_sampler(
-    dataset: Dataset[Any],
-    *,
-    train: bool,
-    shuffle: bool,
-    drop_last: bool,
-    seed: int,
-    rank: int,
-    world_size: int,
-) -> Sampler[int] | None:
-    """The sampler for a training (:class:`ShardedSampler`) or evaluation loader."""
-    if isinstance(dataset, IterableDataset):
-        return None
-    if not isinstance(dataset, Sized):
-        raise ConfigError(
-            f"{type(dataset).__name__} has no __len__, so it cannot be split across ranks. "
-            "Give the dataset a __len__, or use an IterableDataset that shards itself by rank."
-        )
-    if not train:
-        return ExactOnceSampler(len(dataset), rank=rank, world_size=world_size)
-    return ShardedSampler(
-        len(dataset),
-        rank=rank,
-        world_size=world_size,
-        shuffle=shuffle,
-        seed=seed,
-        drop_last=drop_last,
-    )
-
-
 def make_loader(
     dataset: Dataset[Any],
     batch_size: int,
@@ -264,8 +293,8 @@ def make_loader(
     topology: Topology,
     device: torch.device,
     num_workers: int | None,
-    epoch: Callable[[], int],
-    start: Callable[[DeviceLoader[Any], int], int] | None,
+    hooks: LoaderHooks,
+    name: str,
     kwargs: dict[str, Any],
 ) -> DeviceLoader[Any]:
     """The DataLoader behind ``run.loader`` / ``run.eval_loader``, wrapped in a DeviceLoader."""
@@ -276,32 +305,46 @@ def make_loader(
                 f"run.loader chooses the {reserved} itself, so ranks get disjoint data. Drop "
                 f"{reserved}=..., or build your own DataLoader and skip run.loader."
             )
-    sampler = build_sampler(
-        dataset,
-        train=train,
-        shuffle=shuffle,
-        drop_last=drop_last,
-        seed=seed,
-        rank=topology.rank,
-        world_size=topology.world_size,
-    )
-    workers = (
-        default_workers(device, topology.local_world_size) if num_workers is None else (num_workers)
-    )
+    workers = default_workers(device, topology.local_world_size) if num_workers is None else num_workers
     kwargs.setdefault("pin_memory", device.type == "cuda")
     kwargs.setdefault("persistent_workers", workers > 0)
     owns_generator = "generator" not in kwargs
     kwargs.setdefault("generator", torch.Generator())
-    loader = DataLoader(
-        dataset,
-        batch_size=batch_size,
-        sampler=sampler,
-        num_workers=workers,
-        drop_last=drop_last and train,
-        **kwargs,
+    rank, world = topology.rank, topology.world_size
+    if isinstance(dataset, IterableDataset) and world > 1:
+        hooks.warn(
+            f"{type(dataset).__name__} is an IterableDataset: run.loader cannot split it, so "
+            f"every one of the {world} ranks reads all of it unless the dataset itself yields a "
+            "different share per rank (torch.distributed.get_rank()) and per DataLoader worker "
+            "(torch.utils.data.get_worker_info()). Use a map-style dataset (with __len__) to get "
+            "disjoint shards and exact resume."
+        )
+    if train or isinstance(dataset, IterableDataset):
+        sampler = build_sampler(
+            dataset,
+            train=True,
+            shuffle=shuffle,
+            drop_last=drop_last,
+            seed=seed,
+            rank=rank,
+            world_size=world,
+        )
+        loader = DataLoader(
+            dataset,
+            batch_size=batch_size,
+            sampler=sampler,
+            num_workers=workers,
+            drop_last=drop_last,
+            **kwargs,
+        )
+    else:
+        batches = EvenBatchSampler(
+            dataset_size(dataset), rank=rank, world_size=world, batch_size=batch_size
+        )
+        loader = DataLoader(dataset, batch_sampler=batches, num_workers=workers, **kwargs)
+    device_loader: DeviceLoader[Any] = DeviceLoader(
+        loader, device, hooks=hooks, train=train, world_size=world, name=name
     )
-    device_loader: DeviceLoader[Any] = DeviceLoader(loader, device, epoch, start)
     if owns_generator:
-        rank = topology.rank
         device_loader.pass_seed = lambda e: (seed * 1_000_003 + e) * 4099 + rank
     return device_loader

@@ -2,14 +2,17 @@
 
 - :func:`check_model` refuses models that cannot train (no parameters, already wrapped).
 - :func:`forward_in_autocast` runs the model's forward under autocast, so a ``bf16`` run never
-  silently computes in fp32 because the user forgot a context manager.
+  silently computes in fp32 because the user forgot a context manager. It uses forward hooks, so
+  ``copy.deepcopy(model)`` and ``AveragedModel(model)`` (EMA, SWA, teachers) run their *own*
+  forward under autocast, not the original's.
+- :func:`model_devices` finds models the user already split over several devices.
 - :func:`rebind_optimizer` points an optimizer built on the plain model at the parameters the
   strategy created (FSDP replaces every parameter by a sharded one).
 """
 
 from __future__ import annotations
 
-import functools
+import threading
 from typing import Any
 
 import torch
@@ -41,14 +44,27 @@ def check_model(model: nn.Module) -> None:
 
 def forward_in_autocast(model: nn.Module, precision: Precision) -> None:
     """Make ``model(...)`` run under ``precision.autocast()``; state-dict keys are unchanged."""
-    original = model.forward
+    contexts = threading.local()  # DataParallel runs replicas' forwards in threads
 
-    @functools.wraps(original)
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        with precision.autocast():
-            return original(*args, **kwargs)
+    def enter(module: nn.Module, args: Any) -> None:
+        stack = contexts.__dict__.setdefault("stack", [])
+        context = precision.autocast()
+        context.__enter__()
+        stack.append(context)
 
-    model.forward = forward
+    def leave(module: nn.Module, args: Any, output: Any) -> None:
+        stack = contexts.__dict__.get("stack")
+        if stack:
+            stack.pop().__exit__(None, None, None)
+
+    model.register_forward_pre_hook(enter)
+    model.register_forward_hook(leave, always_call=True)
+
+
+def model_devices(model: nn.Module) -> set[torch.device]:
+    """Devices holding the model's parameters and buffers."""
+    tensors = [*model.parameters(), *model.buffers()]
+    return {t.device for t in tensors}
 
 
 def rebind_optimizer(

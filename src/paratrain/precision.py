@@ -6,7 +6,11 @@
     prec.scale(loss).backward()
     prec.unscale_(optimizer)          # before clipping
     prec.step(optimizer)              # skipped by the scaler when gradients overflowed
-    prec.scaler.state_dict()          # goes into checkpoints
+    prec.state_dict()                 # goes into checkpoints
+
+With several optimizers the scale is updated once per round of steps, as in torch's AMP recipe
+(``scaler.step(opt1); scaler.step(opt2); scaler.update()``): the update waits until every
+optimizer that takes part has stepped, or until one steps a second time.
 
 ``bf16`` needs no scaler. Whether the device supports a dtype is checked once, up front, by running
 a tiny autocast matmul: an unsupported combination is an error that names the alternative, never a
@@ -37,6 +41,9 @@ class Precision:
         self.scaler: torch.amp.GradScaler | None = (
             torch.amp.GradScaler(device.type) if name == "fp16" else None
         )
+        self.optimizers: set[int] = set()
+        """ids of the optimizers that take part in a round (registered by the run)."""
+        self._round: set[int] = set()
 
     @contextlib.contextmanager
     def autocast(self) -> Iterator[None]:
@@ -61,11 +68,29 @@ class Precision:
         if self.scaler is None:
             optimizer.step()
             return True
-        before = self.scaler.get_scale()
+        if id(optimizer) in self._round:  # a new round began: finish the last one first
+            self._update()
         self.scaler.step(optimizer)
+        found = self.scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
+        stepped = not any(float(v) for v in found.values())
+        self._round.add(id(optimizer))
+        if self._round >= self.optimizers:
+            self._update()
+        return stepped
+
+    def _update(self) -> None:
+        assert self.scaler is not None
         self.scaler.update()
-        # The scaler lowers its scale exactly when it skipped the step for inf/nan gradients.
-        return self.scaler.get_scale() >= before
+        self._round = set()
+
+    def state_dict(self) -> dict[str, object] | None:
+        """The loss scaler's state (None without a scaler)."""
+        return self.scaler.state_dict() if self.scaler is not None else None
+
+    def load_state_dict(self, state: dict[str, object] | None) -> None:
+        """Restore :meth:`state_dict` (ignored without a scaler or without state)."""
+        if self.scaler is not None and state:
+            self.scaler.load_state_dict(state)
 
 
 def _check_supported(name: str, dtype: torch.dtype, device: torch.device) -> None:

@@ -1,30 +1,41 @@
-"""``Run``: one object that owns the process group, the strategy, precision and the step logic.
+"""``Run``: one object that owns the process group, the strategy, precision and the loop state.
 
     import paratrain as pt
 
     with pt.Run(strategy="auto", precision="bf16", grad_accum=4, max_grad_norm=1.0) as run:
-        model, optimizer = run.setup(model, optimizer)
+        model, optimizer = run.setup(model, optimizer, scheduler=scheduler)
         loader = run.loader(train_set, batch_size=32, shuffle=True)      # per-rank batch
+        run.resume()                                     # newest valid checkpoint, if any
         for epoch in run.epochs(10):
             for x, y in run.progress(loader):                           # already on run.device
                 with run.accumulate(model):
                     loss = criterion(model(x), y)
                     run.backward(loss)
                 run.step(optimizer, scheduler)          # steps only at the end of a window
-            run.print(f"epoch {epoch}: loss {run.reduce(loss.item(), 'mean'):.3f}")
+            run.save()                                  # everything registered, every time
 
-The same script runs as ``python train.py`` (one process), under ``torchrun`` or ``paratrain run``
-(one process per device), or inside a Slurm allocation.
+What a checkpoint holds is registered once: models and optimizers by ``run.setup``, schedulers by
+``run.setup(scheduler=)``, ``run.step(opt, sched)`` or ``run.resume(scheduler=)``, training loaders
+by ``run.loader``, anything else with ``state_dict``/``load_state_dict`` by ``run.track``. Own
+``while`` loops work the same way: count with ``run.global_step``. The same script runs as
+``python train.py`` (one process), under ``torchrun`` or ``paratrain run`` (one process per
+device), or inside a Slurm allocation; after a torchrun restart the run resumes by itself at the
+first training action (``run.epochs``, a training loader's pass, ``accumulate``, ``backward``,
+``step``, ``save``, or reading ``run.global_step``/``run.epoch``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import logging
-import os
+import shutil
+import time
+import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, TypeVar, overload
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -32,21 +43,27 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils.data import Dataset
 
-from paratrain import checkpointing, collectives, data
-from paratrain.accumulation import Accumulation
+from paratrain import collectives, data
+from paratrain.accumulation import Windows
 from paratrain.activation_checkpointing import apply_activation_checkpointing
+from paratrain.checkpoint import resume as checkpoints
 from paratrain.checkpoint.files import atomic_torch_save
 from paratrain.checkpoint.store import CheckpointStore
 from paratrain.config import RunConfig
 from paratrain.console import Console
+from paratrain.environment import LaunchEnv
 from paratrain.errors import ConfigError
-from paratrain.model_setup import check_model, forward_in_autocast, rebind_optimizer
+from paratrain.loop_state import LoopState
+from paratrain.model_setup import check_model, forward_in_autocast, model_devices, rebind_optimizer
 from paratrain.precision import Precision
 from paratrain.process_group import destroy_process_group, init_process_group
-from paratrain.seeding import seed_everything
+from paratrain.run_dir import RunDir
+from paratrain.run_loop import LoopHooks, StepRounds
+from paratrain.seeding import rank_seed, seed_everything
 from paratrain.stats import StatsWriter
 from paratrain.strategies import select_strategy
 from paratrain.topology import Topology
+from paratrain.tracking import Tracked, Unit
 from paratrain.watchdog import Watchdog
 
 T = TypeVar("T")
@@ -54,77 +71,73 @@ Number = TypeVar("Number", int, float, torch.Tensor)
 
 
 class Run:
-    """A training run on this process's share of the job. See the module docstring for a loop."""
+    """A training run on this process's share of the job. See the module docstring for a loop.
+
+    Attributes: ``config``, ``topology``, ``strategy``, ``device``, ``rank``, ``local_rank``,
+    ``world_size``, ``is_main``, ``epoch``, ``global_step``, ``run_dir``, ``restart_count``,
+    ``rank_seed``, ``extras``, ``resumed_from``, ``last_grad_norm``, ``store``, ``console``.
+    """
 
     def __init__(self, config: RunConfig | None = None, /, **settings: Any) -> None:
         if config is not None and settings:
             raise ConfigError("Pass either a RunConfig or keyword settings to Run, not both.")
-        self.config = config if config is not None else RunConfig(**settings)
+        config = config if config is not None else RunConfig(**settings)
+        config.validate()  # a config changed after creation is checked again
+        env = LaunchEnv.read()
+        self._env = env
+        self.config = dataclasses.replace(
+            config, backend=config.backend or env.backend, run_dir=env.resolve_run_dir(config.run_dir)
+        )
+        self.layout = RunDir(self.config.run_dir or ".")
+        """Where this run writes (:class:`paratrain.run_dir.RunDir`)."""
         self.topology = _topology()
         selection = select_strategy(self.config, self.topology)
         self.strategy = selection.strategy
-        self.device = self.strategy.device
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
+        self.precision = Precision(self.config.precision, self.device)
+        self._closed = False
         self._owns_group = False
-        if self.strategy.multi_process:
-            self._owns_group = init_process_group(
-                self.topology,
-                backend=selection.backend,
-                timeout_s=self.config.timeout_s,
-                trace_dir=str(Path(self.config.run_dir) / "stacks"),
-            )
-        self._watchdog = (
-            Watchdog(
-                Path(self.config.run_dir) / "stacks",
-                rank=self.rank,
-                after_s=0.9 * self.config.timeout_s,
-            )
-            if self.strategy.multi_process and self.config.watchdog and self.world_size > 1
-            else None
-        )
+        self._watchdog: Watchdog | None = None
+        try:
+            self._start(selection.backend)
+        except BaseException:
+            self.close()
+            raise
         self.console = Console(
             is_main=self.topology.is_main,
-            run_dir=self.config.run_dir,
+            run_dir=self.layout.root,
             tensorboard=self.config.tensorboard,
             progress=self.config.progress,
         )
-        self.precision = Precision(self.config.precision, self.device)
         seed_everything(self.config.seed)
-        self.epoch = 0
-        """Current epoch (0-based), advanced by :meth:`epochs`."""
-        self.global_step = 0
-        """Optimizer steps taken so far."""
+        self.loop = LoopState(grad_accum=self.config.grad_accum)
+        """Epoch, step and grad_accum (saved by every checkpoint)."""
+        self.tracked = Tracked()
+        """Everything a checkpoint holds (models, optimizers, schedulers, loaders, objects)."""
         self.last_grad_norm: float | None = None
         """Gradient norm before clipping at the last step (when ``max_grad_norm`` is set)."""
-        self._accum = Accumulation(self.config.grad_accum)
-        self._train_loaders: list[data.DeviceLoader[Any]] = []
-        self._active_loader: data.DeviceLoader[Any] | None = None
-        self._resume_offset: tuple[int, int] | None = None
+        self.extras: dict[str, Any] = {}
+        """The extras of the checkpoint this run resumed from (empty for a fresh run)."""
+        self.resumed_from: Path | None = None
+        """The checkpoint folder this run resumed from, or None."""
+        self._windows = Windows(self.config.grad_accum)
+        self._rounds = StepRounds()
+        self._hooks = LoopHooks(self)
+        self._identity = checkpoints.Identity(run_id=self._run_id(), lineage="")
+        self._identity.lineage = self._identity.run_id
+        self._auto_resume = self.restart_count > 0
+        self._rank_streams = False
+        self._resumed_at_step: int | None = None
+        self._restart_recorded = False
         self._store: CheckpointStore | None = None
-        self.tracked_model: nn.Module | None = None
-        """The model last returned by :meth:`setup` (what :meth:`save` saves by default)."""
-        self.tracked_optimizer: Optimizer | None = None
-        """The optimizer last passed to :meth:`setup`."""
-        self.tracked_scheduler: Any = None
-        """The scheduler last passed to :meth:`step`."""
-        self._optimizers: list[Optimizer] = []
         self._batch_reported = False
-        self._resumed = False
         self._gloo: Any = None
-        self.restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-        """How often torchrun restarted this job's workers (0 on the first start)."""
         self._stats = (
             StatsWriter(
-                Path(self.config.run_dir) / "stats",
-                rank=self.rank,
-                every=self.config.stats_every,
-                device=self.device,
+                self.layout.stats, rank=self.rank, every=self.config.stats_every, device=self.device
             )
             if self.config.stats_every
             else None
         )
-        self._closed = False
         self.console.print(
             f"paratrain: strategy {self.strategy.name} ({selection.reason}), "
             f"world size {self.world_size}, device {self.device.type}, "
@@ -132,7 +145,43 @@ class Run:
             f"precision {self.config.precision}"
         )
 
+    def _start(self, backend: str) -> None:
+        """Process group, watchdog and launcher report: after every setting was checked."""
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        if self.topology.is_main:
+            shutil.rmtree(self.layout.stacks / "", ignore_errors=True)  # an earlier job's stalls
+            self._env.write_report(
+                {
+                    "run_dir": str(self.layout.root.resolve()),
+                    "ckpt_dir": str(Path(self._ckpt_dir()).resolve()),
+                    "world_size": self.topology.world_size,
+                }
+            )
+        if self.strategy.multi_process:
+            self._owns_group = init_process_group(
+                self.topology,
+                backend=backend,
+                timeout_s=self.config.timeout_s,
+                trace_dir=str(self.layout.stacks),
+            )
+        if self.strategy.multi_process and self.config.watchdog and self.world_size > 1:
+            self._watchdog = Watchdog(
+                self.layout.stacks, rank=self.rank, after_s=0.9 * self.config.timeout_s
+            )
+
+    def _run_id(self) -> str:
+        ids: list[Any] = [self._env.job_id or uuid.uuid4().hex[:12]]
+        if self.world_size > 1 and dist.is_initialized():
+            dist.broadcast_object_list(ids, src=0)
+        return str(ids[0])
+
     # -- where this process is -------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        """The device this rank computes on (``cuda:<local rank>`` or ``cpu``)."""
+        return self.strategy.device
+
     @property
     def rank(self) -> int:
         """Index of this process in the job."""
@@ -153,30 +202,86 @@ class Run:
         """True on rank 0."""
         return self.topology.is_main
 
-    # -- model and optimizer ---------------------------------------------------------------
-    @overload
-    def setup(self, model: nn.Module) -> nn.Module: ...
-    @overload
-    def setup(self, model: nn.Module, optimizer: Optimizer) -> tuple[nn.Module, Optimizer]: ...
+    @property
+    def run_dir(self) -> Path:
+        """Where this run writes logs, stats and (by default) checkpoints."""
+        return self.layout.root
 
+    @property
+    def restart_count(self) -> int:
+        """How often torchrun restarted this job's workers (0 on the first start)."""
+        return self._env.restart_count
+
+    @property
+    def rank_seed(self) -> int:
+        """This rank's seed: ``seed`` on rank 0, a distinct value derived from it elsewhere.
+
+        From the first ``run.setup`` on, python/numpy/torch generators follow it, so dropout,
+        augmentation and ``torch.randint`` batch sampling differ across ranks. Seed your own
+        generators with it: ``torch.Generator().manual_seed(run.rank_seed)``."""
+        return rank_seed(self.config.seed, self.rank)
+
+    @property
+    def epoch(self) -> int:
+        """Current epoch (0-based), advanced by :meth:`epochs`; restored by a resume."""
+        self._hooks.resume_if_restarted()
+        return self.loop.epoch
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        self.loop.epoch = value
+
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps so far (several optimizers stepping in one round count once)."""
+        self._hooks.resume_if_restarted()
+        return self.loop.global_step
+
+    @global_step.setter
+    def global_step(self, value: int) -> None:
+        self.loop.global_step = value
+
+    # -- registration: models, optimizers, schedulers, anything with state ----------------------
     def setup(
-        self, model: nn.Module, optimizer: Optimizer | None = None
-    ) -> nn.Module | tuple[nn.Module, Optimizer]:
-        """Place and wrap ``model`` for the strategy; rebind ``optimizer`` to its parameters."""
+        self,
+        model: nn.Module,
+        *optimizers: Optimizer,
+        scheduler: Any = None,
+        name: str | None = None,
+    ) -> Any:
+        """Place and wrap ``model`` for the strategy; rebind its ``optimizers``; register all.
+
+        Returns the model, or ``(model, optimizer, ...)`` when optimizers are given. ``name``
+        keys the model in checkpoints (default ``model``, ``model_1``, ... in setup order)."""
         check_model(model)
-        names = {id(p): name for name, p in model.named_parameters()}
+        names = {id(p): n for n, p in model.named_parameters()}
+        devices = model_devices(model)
         if self.config.activation_checkpointing:
             apply_activation_checkpointing(model, self.config.activation_checkpointing)
-        wrapped = self.strategy.wrap(model)
+        if len(devices) > 1:
+            wrapped = self.strategy.wrap_split(model, devices)
+        else:
+            wrapped = self.strategy.wrap(model)
         if self.precision.dtype is not None:
-            forward_in_autocast(wrapped, self.precision)
+            forward_in_autocast(self.strategy.unwrap(wrapped), self.precision)
         wrapped._paratrain_setup = True  # type: ignore[assignment]
-        self.tracked_model = wrapped
-        if optimizer is None:
-            return wrapped
-        self.tracked_optimizer = optimizer
-        rebind_optimizer(optimizer, names, dict(self.strategy.unwrap(wrapped).named_parameters()))
-        return wrapped, optimizer
+        params = dict(self.strategy.unwrap(wrapped).named_parameters())
+        for optimizer in optimizers:
+            rebind_optimizer(optimizer, names, params)
+            self.precision.optimizers.add(id(optimizer))
+        self.tracked.add_unit(wrapped, list(optimizers), name)
+        if scheduler is not None:
+            self.tracked.add_scheduler(scheduler)
+        self._hooks.start_rank_streams()
+        self._print_notes()
+        return (wrapped, *optimizers) if optimizers else wrapped
+
+    def track(self, obj: T, name: str | None = None) -> T:
+        """Save and restore ``obj`` (anything with ``state_dict``/``load_state_dict``: an EMA
+        model, a metric, a data-order object) with every checkpoint; returns ``obj``."""
+        self.tracked.add_object(obj, name)
+        self._print_notes()
+        return obj
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The user's module inside the strategy's wrapper (``model.module`` for DDP)."""
@@ -192,23 +297,26 @@ class Run:
         drop_last: bool = False,
         **dataloader_kwargs: Any,
     ) -> data.DeviceLoader[Any]:
-        """A training loader: ``batch_size`` samples per rank, sharded and reshuffled each epoch."""
+        """A training loader: ``batch_size`` samples per rank, sharded and reshuffled each epoch.
+
+        Its position is saved by every checkpoint and restored by a resume."""
         loader = self._build(dataset, batch_size, True, shuffle, drop_last, dataloader_kwargs)
-        self._train_loaders.append(loader)
-        if not self._batch_reported:
-            self._batch_reported = True
-            world, accum = self.world_size, self.config.grad_accum
-            self.console.print(
-                f"paratrain: global batch {batch_size * world * accum} = per-rank batch "
-                f"{batch_size} x world size {world} x grad_accum {accum}"
-            )
+        self._hooks.first_loader(batch_size)
+        self.tracked.add_loader(loader)
+        self._print_notes()
         return loader
 
     def eval_loader(
-        self, dataset: Dataset[Any], batch_size: int, **dataloader_kwargs: Any
+        self, dataset: Dataset[Any], batch_size: int, *, drop_last: bool = False, **kwargs: Any
     ) -> data.DeviceLoader[Any]:
-        """An evaluation loader in which every sample is seen by exactly one rank, once."""
-        return self._build(dataset, batch_size, False, False, False, dataloader_kwargs)
+        """An evaluation loader: every sample is seen by exactly one rank, once, and every rank
+        runs the same number of batches (so no rank waits alone in a forward's collective)."""
+        if drop_last is not False:
+            raise ConfigError(
+                "run.eval_loader(drop_last=True): an exact-once evaluation loader never drops "
+                "samples. Drop the argument; use run.loader for a training-style loader."
+            )
+        return self._build(dataset, batch_size, False, False, False, kwargs)
 
     def _build(
         self,
@@ -219,7 +327,7 @@ class Run:
         drop_last: bool,
         kwargs: dict[str, Any],
     ) -> data.DeviceLoader[Any]:
-        device_loader = data.make_loader(
+        return data.make_loader(
             dataset,
             batch_size,
             train=train,
@@ -229,118 +337,96 @@ class Run:
             topology=self.topology,
             device=self.device,
             num_workers=kwargs.pop("num_workers", self.config.num_workers),
-            epoch=lambda: self.epoch,
-            start=self._pass_start if train else None,
+            hooks=self._hooks,
+            name="loader" if train else "eval_loader",
             kwargs=kwargs,
         )
-        device_loader.on_batch = self._progress
-        return device_loader
-
-    def _pass_start(self, loader: data.DeviceLoader[Any], epoch: int) -> int:
-        """Called as a training loader starts a pass: the samples to skip (resumed runs)."""
-        self._active_loader = loader
-        if self._resume_offset is not None and self._resume_offset[0] == epoch:
-            offset, self._resume_offset = self._resume_offset[1], None
-            return offset
-        return 0
-
-    def active_loader(self, *, any_pass: bool = False) -> data.DeviceLoader[Any] | None:
-        """The training loader of the current pass (or, with ``any_pass``, the newest one)."""
-        if self._active_loader is None and any_pass and self._train_loaders:
-            return self._train_loaders[-1]
-        return self._active_loader
 
     # -- the loop -------------------------------------------------------------------------
     def epochs(self, count: int) -> Iterator[int]:
-        """Yield epoch numbers from the current one up to ``count - 1``; samplers follow them.
-
-        After a torchrun restart (``TORCHELASTIC_RESTART_COUNT`` > 0) the first call resumes from
-        the newest valid checkpoint if the script has not called :meth:`resume` itself.
-        """
-        if self.restart_count > 0 and not self._resumed:
-            checkpointing.resume_after_restart(self)
-        while self.epoch < count:
-            yield self.epoch
-            self._drop_unfinished_window()
-            self.epoch += 1
+        """Yield epoch numbers from the current one up to ``count - 1``; samplers follow them."""
+        self._hooks.loop_action()
+        while self.loop.epoch < count:
+            yield self.loop.epoch
+            self._hooks.drop_unfinished_windows()
+            self.loop.epoch += 1
 
     def progress(self, iterable: Iterable[T], *, desc: str | None = None) -> Iterator[T]:
         """A progress bar on the main process; the bare iterable on the other ranks."""
-        return self.console.progress(iterable, desc=desc or f"epoch {self.epoch}")
+        self._hooks.loop_action()
+        return self.console.progress(iterable, desc=desc or f"epoch {self.loop.epoch}")
 
     @contextlib.contextmanager
     def accumulate(self, model: nn.Module) -> Iterator[None]:
-        """Run one micro-batch; gradients are synchronised only on the last of a window."""
-        active = [ld for ld in self._train_loaders if ld.batches_left is not None]
-        last_batch = bool(active) and active[-1].batches_left == 0
-        if self._accum.begin(last_batch=last_batch):
-            yield
-        else:
-            with self.strategy.no_sync(model):
+        """Run one micro-batch of ``model``; its gradients sync only on a window's last one."""
+        self._hooks.loop_action()
+        key = id(model)
+        window = self._windows.begin(key, last=self._hooks.last_micro_batch(key))
+        try:
+            if window.sync:
                 yield
+            else:
+                with self.strategy.no_sync(model):
+                    yield
+        finally:
+            self._windows.end(key)
 
-    def backward(self, loss: torch.Tensor) -> None:
-        """``loss.backward()`` with the loss divided by ``grad_accum`` and scaled for fp16."""
-        self._progress()
-        if self.config.grad_accum > 1:
-            loss = loss / self.config.grad_accum
-        self.precision.scale(loss).backward()  # type: ignore[no-untyped-call]
+    def backward(self, loss: torch.Tensor, **backward_kwargs: Any) -> None:
+        """``loss.backward(**backward_kwargs)`` with the loss divided by ``grad_accum`` and
+        scaled for fp16 (``retain_graph=``, ``inputs=``, ``create_graph=`` pass through)."""
+        self._hooks.loop_action()
+        if self.loop.grad_accum > 1:
+            loss = loss / self.loop.grad_accum
+        self.precision.scale(loss).backward(**backward_kwargs)  # type: ignore[no-untyped-call]
 
     def step(self, optimizer: Optimizer, scheduler: Any = None) -> bool:
-        """At the end of a window: unscale, clip, step, zero_grad, scheduler. True if stepped."""
-        if not self._accum.used and self.config.grad_accum > 1:
-            raise ConfigError(
-                f"grad_accum={self.config.grad_accum} but no `with run.accumulate(model):` block "
-                "was run, so run.step cannot tell micro-batches from steps. Put the forward and "
-                "run.backward inside `with run.accumulate(model):`."
-            )
-        self._progress()
-        if self._accum.used and not self._accum.sync:
-            return False
-        if optimizer not in self._optimizers:
-            self._optimizers.append(optimizer)
+        """At the end of ``optimizer``'s window: unscale, clip, step, zero_grad, step the
+        ``scheduler`` (registered for checkpoints). Returns True if the optimizer stepped."""
+        self._hooks.loop_action()
+        unit = self.tracked.unit_of(optimizer) or self._attach(optimizer)
         if scheduler is not None:
-            self.tracked_scheduler = scheduler
+            self.tracked.add_scheduler(scheduler)
+            self._print_notes()
+        window = self._windows.of(id(unit.module))
+        if window is None and self.loop.grad_accum > 1:
+            raise ConfigError(
+                f"grad_accum={self.loop.grad_accum} but no `with run.accumulate(model):` block "
+                "ran for this optimizer's model, so run.step cannot tell micro-batches from "
+                "steps. Put the forward and run.backward inside `with run.accumulate(model):`."
+            )
+        if window is not None and (not window.sync or id(optimizer) in window.stepped):
+            return False
         self.precision.unscale_(optimizer)
-        correction = self._accum.correction()
+        correction = window.correction() if window is not None else 1.0
         if correction != 1.0 or self.config.max_grad_norm is not None:
             params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
             if correction != 1.0:
                 torch._foreach_mul_([p.grad for p in params], correction)
             if self.config.max_grad_norm is not None:
-                norm = self.strategy.clip_grad_norm(params, self.config.max_grad_norm)
-                self.last_grad_norm = norm
+                self.last_grad_norm = self.strategy.clip_grad_norm(params, self.config.max_grad_norm)
         stepped = self.precision.step(optimizer)
         optimizer.zero_grad(set_to_none=True)
-        self._accum.reset()
+        if window is not None:
+            window.stepped.add(id(optimizer))
         if stepped:
-            self.global_step += 1
-            self._progress()
+            if self._rounds.count(optimizer):
+                self.loop.global_step += 1
+            self._hooks.progress()
             if scheduler is not None:
                 scheduler.step()
             if self._stats is not None:
+                loaders = self.tracked.loaders
                 self._stats.step(
-                    step=self.global_step,
-                    samples=sum(ld.samples for ld in self._train_loaders),
-                    data_wait_s=sum(ld.data_wait_s for ld in self._train_loaders),
+                    step=self.loop.global_step,
+                    samples=sum(ld.samples for ld in loaders),
+                    data_wait_s=sum(ld.data_wait_s for ld in loaders),
                 )
         return stepped
 
-    def _progress(self) -> None:
-        if self._watchdog is not None:
-            self._watchdog.progress(self.global_step)
-
-    def _drop_unfinished_window(self) -> None:
-        if self._accum.window == 0:
-            return
-        self.console.warn(
-            f"epoch {self.epoch} ended with {self._accum.window} micro-batch(es) of an unfinished "
-            "accumulation window; their gradients were dropped. Use run.loader (it knows its "
-            "length and steps on the last batch) or a loader with __len__."
-        )
-        for optimizer in self._optimizers:
-            optimizer.zero_grad(set_to_none=True)
-        self._accum.reset()
+    def _attach(self, optimizer: Optimizer) -> Unit:
+        unit = self.tracked.attach_optimizer(optimizer)
+        self.precision.optimizers.add(id(optimizer))
+        return unit
 
     @contextlib.contextmanager
     def autocast(self) -> Iterator[None]:
@@ -352,9 +438,16 @@ class Run:
         """For loops whose ranks run different numbers of batches: no rank hangs at the end."""
         return self.strategy.uneven_inputs(model)
 
+    def set_grad_accum(self, every: int) -> None:
+        """Change the micro-batches per step (right after a step, never inside a window)."""
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ConfigError(f"grad_accum must be a positive integer, got {every!r}.")
+        self._windows.set_every(every)
+        self.loop.grad_accum = self.config.grad_accum = every
+
     # -- metrics, output, files -------------------------------------------------------------
     def reduce(self, value: Number, op: str = "sum") -> Number:
-        """All-reduce a number or tensor over ranks (sum, mean, max, min)."""
+        """All-reduce a number, numpy value or tensor over ranks (sum, mean, max, min)."""
         return collectives.reduce(value, op, device=self.device)
 
     def gather(self, value: Any) -> list[Any]:
@@ -364,7 +457,7 @@ class Run:
     def barrier(self, name: str | None = None) -> None:
         """Wait until every rank gets here; a ``name`` also checks they all reached the same
         barrier, and names the ranks that did not arrive within ``timeout_s``."""
-        self._progress()
+        self._hooks.progress()
         if self.strategy.multi_process and dist.is_initialized():
             if name is None:
                 dist.barrier()
@@ -372,7 +465,7 @@ class Run:
                 collectives.named_barrier(
                     name, timeout_s=self.config.timeout_s, group=self._gloo_group()
                 )
-        self._progress()
+        self._hooks.progress()
 
     def _gloo_group(self) -> Any:
         """The default group when it is gloo, else a gloo group made once (a collective)."""
@@ -392,10 +485,11 @@ class Run:
 
     def log(self, metrics: Mapping[str, float], *, step: int | None = None) -> None:
         """Record scalars (main process): ``run_dir/metrics.jsonl`` and TensorBoard if enabled."""
-        self.console.log(metrics, step=self.global_step if step is None else step)
+        self.console.log(metrics, step=self.loop.global_step if step is None else step)
 
     def save_weights(self, model: nn.Module, path: str | Path) -> Path:
         """Save the full, unprefixed weights to ``path`` (collective; the main process writes)."""
+        self.strategy.sync_buffers(model)
         state = self.strategy.full_state_dict(model)
         path = Path(path)
         if self.is_main:
@@ -404,25 +498,77 @@ class Run:
         return path
 
     # -- checkpoints ----------------------------------------------------------------------
+    def _ckpt_dir(self) -> Path:
+        return Path(self.config.ckpt_dir) if self.config.ckpt_dir else self.layout.checkpoints
+
     @property
     def store(self) -> CheckpointStore:
         """Where checkpoints of this run go (``ckpt_dir``, default ``run_dir/checkpoints``)."""
         if self._store is None:
-            self._store = checkpointing.make_store(self)
+            self._store = CheckpointStore(
+                self._ckpt_dir(),
+                keep_last=self.config.keep_last,
+                check_timeout_s=self.config.timeout_s,
+                warn=self.console.warn,
+            )
         return self._store
+
+    def _pieces(self) -> checkpoints.Pieces:
+        layout = checkpoints.Layout(
+            strategy=self.strategy.name,
+            world_size=self.world_size,
+            rank=self.rank,
+            sharded=self.strategy.sharded_state,
+            seed=self.config.seed,
+            unwrap=self.strategy.unwrap,
+        )
+        return checkpoints.Pieces(
+            tracked=self.tracked, loop=self.loop, precision=self.precision, layout=layout
+        )
 
     def save(
         self,
         *,
+        extras: dict[str, Any] | None = None,
         model: nn.Module | None = None,
         optimizer: Optimizer | None = None,
         scheduler: Any = None,
-        extras: dict[str, Any] | None = None,
     ) -> Path | None:
-        """Checkpoint the whole training state. Every rank calls it; see :mod:`checkpointing`."""
-        return checkpointing.save(
-            self, model=model, optimizer=optimizer, scheduler=scheduler, extras=extras
+        """Checkpoint everything registered (collective: every rank calls it). ``model``,
+        ``optimizer``, ``scheduler`` are registered first if new. Returns the folder."""
+        self._hooks.loop_action()
+        self._register(model, optimizer, scheduler)
+        pending = self._windows.pending()
+        if pending:
+            raise ConfigError(
+                "run.save() was called inside an accumulation window (gradients of "
+                f"{max(w.count for w in pending)} micro-batch(es) not yet applied). Call it "
+                "right after run.step(), when a step has been taken."
+            )
+        if self.tracked.pending:
+            self.console.warn(
+                f"the resumed checkpoint holds {sorted(self.tracked.pending)}, which this run "
+                "never registered; this save does not contain them. Register them (run.setup("
+                "..., name=), run.track(obj, name=), run.loader) before saving to keep them."
+            )
+        for unit in self.tracked.units:
+            self.strategy.sync_buffers(unit.module)
+        return checkpoints.save(
+            self._pieces(),
+            self.store,
+            self._identity,
+            extras,
+            background=self.config.async_save,
         )
+
+    def _register(self, model: Any, optimizer: Any, scheduler: Any) -> None:
+        if model is not None and not any(u.module is model for u in self.tracked.units):
+            raise ConfigError("run.save/resume(model=...) must be a model returned by run.setup.")
+        if optimizer is not None and self.tracked.unit_of(optimizer) is None:
+            self._attach(optimizer)
+        if scheduler is not None:
+            self.tracked.add_scheduler(scheduler)
+        self._print_notes()
 
     def resume(
         self,
@@ -432,29 +578,39 @@ class Run:
         scheduler: Any = None,
         keep_global_batch: bool = False,
     ) -> dict[str, Any] | None:
-        """Continue from the newest valid checkpoint; return its extras, or None if none."""
-        self._resumed = True
-        return checkpointing.resume(
-            self,
-            model=model,
-            optimizer=optimizer,
-            scheduler=scheduler,
-            keep_global_batch=keep_global_batch,
-        )
+        """Continue from the newest valid checkpoint; return its extras, or None if none.
 
-    def resume_at(self, epoch: int, samples_in_epoch: int, step: int) -> None:
-        """Continue the loop at ``epoch`` after ``samples_in_epoch`` samples, at ``step``."""
-        self.epoch, self.global_step = epoch, step
-        self._resume_offset = (epoch, samples_in_epoch)
+        Everything registered is restored; state for something registered later (a scheduler
+        first given to run.step) is applied when it is registered."""
+        self._register(model, optimizer, scheduler)
+        if self._resumed_at_step is not None and self._resumed_at_step == self.loop.global_step:
+            return self.extras if self.resumed_from is not None else None  # resumed already
+        return self._hooks.resume(keep_global_batch=keep_global_batch)
 
-    def accumulation_window(self) -> int:
-        """Micro-batches run since the last optimizer step."""
-        return self._accum.window
+    def latest_checkpoint(self) -> checkpoints.CheckpointInfo | None:
+        """The newest valid checkpoint's step, epoch, manifest and extras, readable before
+        ``run.setup`` (build the model from values stored in it). Collective; None if none."""
+        return checkpoints.latest(self.store, self.rank)
 
-    def set_grad_accum(self, every: int) -> None:
-        """Change the micro-batches per step (between steps only)."""
-        self.config.grad_accum = every
-        self._accum.every = every
+    def _print_notes(self) -> None:
+        for note in self.tracked.notes:
+            self.console.print(f"paratrain: {note}")
+        self.tracked.notes.clear()
+
+    def _record_restart(self, resumed: bool) -> None:
+        if not self.is_main:
+            return
+        record = {
+            "time": time.time(),
+            "restart": self.restart_count,
+            "step": self.loop.global_step,
+            "epoch": self.loop.epoch,
+            "resumed": resumed,
+            "checkpoint_dir": str(self.store.directory),
+        }
+        self.layout.restarts.parent.mkdir(parents=True, exist_ok=True)
+        with self.layout.restarts.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
 
     # -- lifetime -------------------------------------------------------------------------
     def close(self) -> None:
@@ -465,17 +621,24 @@ class Run:
         if self._watchdog is not None:
             self._watchdog.stop()
         try:
-            if self._store is not None:
-                self._store.wait()
+            if getattr(self, "_store", None) is not None:
+                self.store.wait()
         finally:
-            self.console.close()
-        destroy_process_group(self._owns_group)
+            if hasattr(self, "console"):
+                self.console.close()
+            destroy_process_group(self._owns_group)
 
     def __enter__(self) -> Run:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"Run(strategy={self.strategy.name!r}, rank={self.rank}, world_size="
+            f"{self.world_size}, device={str(self.device)!r}, run_dir={str(self.run_dir)!r})"
+        )
 
 
 def _topology() -> Topology:

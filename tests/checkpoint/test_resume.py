@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import paratrain as pt
+from paratrain.checkpoint.loading import read_state_dict
 from paratrain.errors import ConfigError
 from tests.support.training import dataset, max_abs_diff, mlp
 
@@ -79,10 +80,38 @@ def test_corrupt_newest_is_skipped_with_a_warning(
     assert "skipping" in err and "step-00000008" in err and "checksum" in err
 
 
-def test_rotation_keeps_the_newest(tmp_path: Path) -> None:
-    for stop in (2, 4, 6, 8):
-        train_run(tmp_path, stop_at=stop, keep_last=2)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000006", "step-00000008"]
+def test_rotation_keeps_the_newest_of_its_own_lineage(tmp_path: Path) -> None:
+    for stop in (2, 4, 6, 8):  # one run, stopped and resumed three times
+        train_run(tmp_path / "chain", stop_at=stop, keep_last=2, resume=stop > 2)
+    assert sorted(p.name for p in (tmp_path / "chain").iterdir()) == [
+        "step-00000006",
+        "step-00000008",
+    ]
+
+
+def test_a_fresh_run_never_deletes_another_runs_checkpoints(tmp_path: Path) -> None:
+    # Another experiment left higher steps in the (shared) directory; keep_last=1.
+    train_run(tmp_path, stop_at=8, keep_last=1)
+    train_run(tmp_path, stop_at=2, keep_last=1)  # a fresh run: its step 2 must survive
+    train_run(tmp_path, stop_at=3, keep_last=1)  # a third fresh run
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["step-00000002", "step-00000003", "step-00000008"]
+    with pt.Run(strategy="cpu", ckpt_dir=tmp_path, progress=False) as run:
+        run.setup(nn.Sequential(mlp(), nn.Dropout(0.2)))
+        run.resume()
+        assert run.global_step == 3  # the newest save, not the highest step
+
+
+def test_two_saves_at_one_step_keep_the_newer_state(tmp_path: Path) -> None:
+    with pt.Run(strategy="cpu", ckpt_dir=tmp_path, progress=False) as run:
+        model = run.setup(mlp())
+        first = run.save(extras={"best_acc1": 0.5})
+        second = run.save(extras={"best_acc1": 0.9})  # e.g. an epoch-end save after a step save
+        assert first is not None and second is not None and first != second
+    with pt.Run(strategy="cpu", ckpt_dir=tmp_path, progress=False) as run:
+        run.setup(mlp())
+        assert run.resume() == {"best_acc1": 0.9}
+    assert model is not None
 
 
 def test_save_inside_an_accumulation_window_is_refused(tmp_path: Path) -> None:
@@ -110,7 +139,7 @@ def test_checkpoint_files_are_plain_and_prefix_free(tmp_path: Path) -> None:
         "optimizer.safetensors",
         "trainer.pt",
     ]
-    state = pt.checkpoint.loading.read_state_dict(folder)[0]
+    state = read_state_dict(folder)[0]
     assert set(state) == {f"0.{k}" for k in mlp().state_dict()}
     torch.load(folder / "trainer.pt", weights_only=True)  # no pickled code inside
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any
+from pathlib import Path, PurePosixPath
 
 from paratrain.checkpoint.files import crc_file
 from paratrain.errors import CheckpointError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""1: one model and optimizer; 2: named models, schedulers, objects, loader positions."""
 MANIFEST = "manifest.json"
 
 
@@ -59,6 +59,13 @@ class Manifest:
     """Samples of the current epoch consumed by all ranks together."""
     created: float
     """Unix time of the save."""
+    run_id: str = ""
+    """The job that wrote it (torchrun's run id, Slurm's job id, or a fresh id)."""
+    lineage: str = ""
+    """The run id of the fresh start that this chain of resumes began with. Rotation
+    (``keep_last``) deletes only checkpoints of its own lineage."""
+    models: list[str] = field(default_factory=lambda: ["model"])
+    """Names of the models it holds, in ``run.setup`` order."""
     files: dict[str, FileRecord] = field(default_factory=dict)
     """Every file of the checkpoint (relative path) with its checksum."""
 
@@ -84,11 +91,17 @@ class Manifest:
                 "`paratrain ckpt inspect` to see what it is."
             )
         try:
-            raw: dict[str, Any] = json.loads(path.read_text())
+            raw = json.loads(path.read_text())
+            if not isinstance(raw, dict):
+                raise TypeError(f"it holds a JSON {type(raw).__name__}, not an object")
             raw.pop("global_batch", None)
-            raw["files"] = {k: FileRecord(**v) for k, v in raw.get("files", {}).items()}
+            files = raw.get("files", {})
+            if not isinstance(files, dict):
+                raise TypeError("'files' is not an object")
+            raw["files"] = {k: FileRecord(**v) for k, v in files.items()}
             manifest = cls(**raw)
-        except (ValueError, TypeError) as err:
+            _check_types(manifest)
+        except (OSError, ValueError, TypeError) as err:
             raise CheckpointError(f"{path} is corrupt ({err}). Use another checkpoint.") from None
         if manifest.format_version > FORMAT_VERSION:
             raise CheckpointError(
@@ -102,10 +115,46 @@ class Manifest:
         problems = []
         for name, record in self.files.items():
             path = folder / name
-            if not path.is_file():
-                problems.append(f"{name} is missing")
-            elif path.stat().st_size != record.bytes:
-                problems.append(f"{name} has {path.stat().st_size} bytes, expected {record.bytes}")
-            elif crc_file(path) != record.crc32:
-                problems.append(f"{name} fails its checksum (corrupted)")
+            try:
+                if not path.is_file():
+                    problems.append(f"{name} is missing")
+                elif path.stat().st_size != record.bytes:
+                    size = path.stat().st_size
+                    problems.append(f"{name} has {size} bytes, expected {record.bytes}")
+                elif crc_file(path) != record.crc32:
+                    problems.append(f"{name} fails its checksum (corrupted)")
+            except OSError as err:
+                problems.append(f"{name} cannot be read ({err.strerror or err})")
         return problems
+
+
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "format_version": (int,),
+    "paratrain_version": (str,),
+    "torch_version": (str,),
+    "layout": (str,),
+    "strategy": (str,),
+    "world_size": (int,),
+    "per_rank_batch": (int, type(None)),
+    "grad_accum": (int,),
+    "epoch": (int,),
+    "step": (int,),
+    "samples_in_epoch": (int,),
+    "created": (int, float),
+}
+
+
+def _check_types(manifest: Manifest) -> None:
+    """Raise TypeError/ValueError for a field of the wrong type or a file outside the folder."""
+    for name, types in _FIELD_TYPES.items():
+        value = getattr(manifest, name)
+        if isinstance(value, bool) or not isinstance(value, types):
+            raise TypeError(f"{name} is {value!r}, not {' or '.join(t.__name__ for t in types)}")
+    for name, record in manifest.files.items():
+        parts = PurePosixPath(name).parts
+        if not parts or name.startswith("/") or ".." in parts or "\0" in name:
+            raise ValueError(f"it lists {name!r}, which is not a file inside the checkpoint")
+        for key in ("crc32", "bytes"):
+            value = getattr(record, key)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{key} of {name} is {value!r}, not an integer")

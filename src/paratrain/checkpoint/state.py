@@ -1,8 +1,8 @@
 """Model and optimizer state in a portable form: FQN keys, no wrapper prefixes, flat tensors.
 
-    model_sd, optim_sd = collect(target, optimizer, full=True)     # every rank calls it
+    model_sd, optim_sd = collect(target, [optimizer], full=True)   # every rank calls it
     tensors, meta = flatten_optimizer(optim_sd)                    # safetensors + plain data
-    apply(target, optimizer, model_sd, unflatten_optimizer(tensors, meta), full=True)
+    apply(target, [optimizer], model_sd, unflatten_optimizer(tensors, meta), full=True)
 
 ``torch.distributed.checkpoint.state_dict`` does the unwrapping: the same keys come out of a
 plain module, DDP, FSDP2 and ``torch.compile`` (``_orig_mod.``), so a checkpoint written under
@@ -30,19 +30,19 @@ _SEP = "\x1f"  # unit separator: cannot occur in a parameter name or a state key
 
 
 def collect(
-    target: nn.Module, optimizer: Optimizer | None, *, full: bool
+    target: nn.Module, optimizers: list[Optimizer], *, full: bool
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(model state, optimizer state); ``full`` gathers sharded tensors onto CPU."""
+    """(model state, state of all its optimizers); ``full`` gathers sharded tensors onto CPU."""
     options = StateDictOptions(full_state_dict=full, cpu_offload=full)
-    if optimizer is None:
+    if not optimizers:
         return get_model_state_dict(target, options=options), {}
-    model_sd, optim_sd = get_state_dict(target, optimizer, options=options)
+    model_sd, optim_sd = get_state_dict(target, optimizers, options=options)
     return model_sd, optim_sd
 
 
 def apply(
     target: nn.Module,
-    optimizer: Optimizer | None,
+    optimizers: list[Optimizer],
     model_sd: dict[str, Any],
     optim_sd: dict[str, Any],
     *,
@@ -51,12 +51,12 @@ def apply(
     """Load states produced by :func:`collect` (at any world size or strategy)."""
     options = StateDictOptions(full_state_dict=full, strict=True)
     try:
-        if optimizer is None or not optim_sd:
+        if not optimizers or not optim_sd:
             set_model_state_dict(target, model_sd, options=options)
         else:
             set_state_dict(
                 target,
-                optimizer,
+                optimizers,
                 model_state_dict=model_sd,
                 optim_state_dict=optim_sd,
                 options=options,

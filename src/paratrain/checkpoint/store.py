@@ -2,13 +2,20 @@
 
     store = CheckpointStore(Path("runs/exp/checkpoints"), keep_last=3)
     store.save(request)              # collective; new temp folder -> fsync -> manifest -> rename
-    found = store.latest_valid()     # newest folder whose manifest and checksums verify
-    trainer = store.load(found, target, optimizer, sharded=False)
+    found = store.latest_valid()     # newest save whose manifest and checksums verify
+    trainer = load_trainer(folder)
+    store.load_unit(folder, "model", target, [optimizer], sharded=False, trainer=trainer)
 
-Layout of ``step-00000120/``: ``model.safetensors`` and ``optimizer.safetensors`` (replicated
-strategies, written by rank 0) or ``dcp/`` (FSDP, every rank writes its shards), ``trainer.pt``
-(plain data: position, scheduler, scaler, RNG of every rank, extras) and ``manifest.json``, written
-last with a CRC32 per file. A save never writes into a folder that holds a committed checkpoint.
+Layout of ``step-00000120/``: per model, ``model.safetensors`` and ``optimizer.safetensors`` (the
+model named ``model``; another model ``G`` has ``model.G.safetensors`` and
+``optimizer.G.safetensors``), written by rank 0 for replicated strategies, or ``dcp/`` (FSDP,
+every rank writes its shards); ``trainer.pt`` (plain data: loop state, schedulers, scaler, loader
+positions, tracked objects, RNG of every rank, extras) and ``manifest.json``, written last with a
+CRC32 per file. A save never writes into a folder that holds a committed checkpoint: a second
+save at the same step goes to ``step-00000120.1`` and, being newer, wins. "Newest" is the time of
+the save, not the step number, so a directory that also holds another run's checkpoints at higher
+steps neither hides nor deletes this run's: rotation removes only checkpoints of the run's own
+lineage.
 """
 
 from __future__ import annotations
@@ -20,7 +27,6 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,10 +59,10 @@ PREFIX = "step-"
 class SaveRequest:
     """What one save writes."""
 
-    target: nn.Module
-    optimizer: Optimizer | None
+    units: list[tuple[str, nn.Module, list[Optimizer]]]
+    """(name, unwrapped model, its optimizers) for every model."""
     trainer: dict[str, Any]
-    """Plain data: position, scheduler, scaler, extras (RNG is added by the store)."""
+    """Plain data: loop, schedulers, scaler, extras (RNG is added by the store)."""
     manifest: Manifest
     sharded: bool
 
@@ -64,8 +70,14 @@ class SaveRequest:
 @dataclass
 class _Pending:
     thread: threading.Thread | None = None
-    future: Future[Any] | None = None
     error: list[BaseException] = field(default_factory=list)
+
+
+def stems(name: str) -> tuple[str, str]:
+    """(model file stem, optimizer file stem) of the model called ``name``."""
+    if name == "model":
+        return "model", "optimizer"
+    return f"model.{name}", f"optimizer.{name}"
 
 
 def _distributed() -> bool:
@@ -97,23 +109,22 @@ class CheckpointStore:
         self.wait()
         self._check_every_rank_called()
         rank = dist.get_rank() if _distributed() else 0
-        final = self.directory / f"{PREFIX}{request.manifest.step:08d}"
-        tmp = self._agree_on_tmp(final)
-        if tmp is None:
-            return None
-        model_sd, optim_sd = st.collect(request.target, request.optimizer, full=not request.sharded)
+        final, tmp = self._agree_on_folder(request.manifest.step)
+        states = {
+            name: st.collect(target, optimizers, full=not request.sharded)
+            for name, target, optimizers in request.units
+        }
         rng = _gather_rng(request.trainer.pop("rng"))
         if request.sharded:
-            self._save_sharded(request, tmp, final, model_sd, optim_sd, rng, background)
+            self._save_sharded(request, tmp, final, states, rng, background)
         elif rank == 0:
             if background:  # the host copy is the only stall; writing happens in a thread
-                model_sd = self._stage(model_sd, "model")
-                optim_sd = _clone_tensors(optim_sd)
-                self._start(
-                    lambda: self._write_replicated(request, tmp, final, model_sd, optim_sd, rng)
-                )
+                states = {
+                    name: (self._stage(m, name), _clone_tensors(o)) for name, (m, o) in states.items()
+                }
+                self._start(lambda: self._write_replicated(request, tmp, final, states, rng))
             else:
-                self._write_replicated(request, tmp, final, model_sd, optim_sd, rng)
+                self._write_replicated(request, tmp, final, states, rng)
         if not background and _distributed():
             dist.barrier()
         return final
@@ -147,35 +158,45 @@ class CheckpointStore:
                 "run.save() on all ranks instead of under `if run.is_main:`."
             ) from None
 
-    def _agree_on_tmp(self, final: Path) -> Path | None:
-        name: list[str | None] = [None]
+    def _agree_on_folder(self, step: int) -> tuple[Path, Path]:
+        """(final folder, temporary folder) of a new save, chosen by rank 0 for every rank."""
+        names: list[str | None] = [None, None]
         if (dist.get_rank() if _distributed() else 0) == 0:
             self.directory.mkdir(parents=True, exist_ok=True)
             for stale in self.directory.glob(".tmp-*"):
                 shutil.rmtree(stale, ignore_errors=True)  # an interrupted save's leftovers
-            if final.exists():
-                self.warn(f"{final} already exists (saved at this step); not saved again.")
-            else:
-                tmp = self.directory / f".tmp-{final.name}-{os.getpid()}-{time.time_ns()}"
-                tmp.mkdir()
-                name[0] = str(tmp)
+            final = self.directory / f"{PREFIX}{step:08d}"
+            k = 1
+            while final.exists():  # a second save at this step: a new folder, newer wins
+                final, k = self.directory / f"{PREFIX}{step:08d}.{k}", k + 1
+            tmp = self.directory / f".tmp-{final.name}-{os.getpid()}-{time.time_ns()}"
+            tmp.mkdir()
+            names = [str(final), str(tmp)]
         if _distributed():
-            dist.broadcast_object_list(name, src=0)
-        return None if name[0] is None else Path(name[0])
+            dist.broadcast_object_list(names, src=0)
+        assert names[0] is not None and names[1] is not None
+        return Path(names[0]), Path(names[1])
 
     def _write_replicated(
         self,
         request: SaveRequest,
         tmp: Path,
         final: Path,
-        model_sd: dict[str, Any],
-        optim_sd: dict[str, Any],
+        states: dict[str, tuple[dict[str, Any], dict[str, Any]]],
         rng: list[Any],
     ) -> None:
-        records = {"model.safetensors": write_safetensors(tmp / "model.safetensors", model_sd)}
-        tensors, meta = st.flatten_optimizer(optim_sd)
-        records["optimizer.safetensors"] = write_safetensors(tmp / "optimizer.safetensors", tensors)
-        trainer = {**request.trainer, "rng": rng, "optimizer_meta": meta}
+        records: dict[str, tuple[int, int]] = {}
+        metas: dict[str, Any] = {}
+        for name, (model_sd, optim_sd) in states.items():
+            model_stem, optim_stem = stems(name)
+            records[f"{model_stem}.safetensors"] = write_safetensors(
+                tmp / f"{model_stem}.safetensors", model_sd
+            )
+            tensors, metas[name] = st.flatten_optimizer(optim_sd)
+            records[f"{optim_stem}.safetensors"] = write_safetensors(
+                tmp / f"{optim_stem}.safetensors", tensors
+            )
+        trainer = {**request.trainer, "rng": rng, "optimizer_meta": metas}
         self._commit(request.manifest, tmp, final, records, trainer)
 
     def _save_sharded(
@@ -183,12 +204,14 @@ class CheckpointStore:
         request: SaveRequest,
         tmp: Path,
         final: Path,
-        model_sd: dict[str, Any],
-        optim_sd: dict[str, Any],
+        states: dict[str, tuple[dict[str, Any], dict[str, Any]]],
         rng: list[Any],
         background: bool,
     ) -> None:
-        state = {"model": model_sd, "optimizer": optim_sd}
+        state: dict[str, Any] = {}
+        for name, (model_sd, optim_sd) in states.items():
+            model_stem, optim_stem = stems(name)
+            state[model_stem], state[optim_stem] = model_sd, optim_sd
         writer = FileSystemWriter(str(tmp / "dcp"), sync_files=True, overwrite=False)
         trainer = {**request.trainer, "rng": rng}
 
@@ -230,14 +253,15 @@ class CheckpointStore:
             fsync_dir(folder)
         os.rename(tmp, final)  # the commit point
         fsync_dir(self.directory)
-        self._rotate()
+        self._rotate(manifest.lineage, keep=final)
 
-    def _rotate(self) -> None:
+    def _rotate(self, lineage: str, *, keep: Path) -> None:
         if self.keep_last is None:
             return
-        committed = self.committed()
-        for old in committed[max(self.keep_last, 1) :]:  # never the newest
-            shutil.rmtree(old, ignore_errors=True)
+        own = [p for p, m in self._listed() if m is not None and m.lineage == lineage]
+        for old in own[max(self.keep_last, 1) :]:  # never the newest, never one just written
+            if old != keep:
+                shutil.rmtree(old, ignore_errors=True)
 
     def _start(self, work: Callable[[], object]) -> None:
         pending = self._pending
@@ -256,18 +280,30 @@ class CheckpointStore:
         pending, self._pending = self._pending, _Pending()
         if pending.thread is not None:
             pending.thread.join()
-        elif pending.future is not None:
-            pending.future.result()
         if pending.error:
             raise CheckpointError(f"The asynchronous save failed: {pending.error[0]}") from None
 
     # -- finding and loading ------------------------------------------------------------------
     def committed(self) -> list[Path]:
-        """Committed checkpoint folders, newest step first."""
+        """Committed checkpoint folders, newest save first."""
+        return [p for p, _ in self._listed()]
+
+    def _listed(self) -> list[tuple[Path, Manifest | None]]:
+        """Committed folders with their manifests (None: unreadable), newest save first."""
         if not self.directory.is_dir():
             return []
-        found = [p for p in self.directory.glob(f"{PREFIX}*") if (p / MANIFEST).is_file()]
-        return sorted(found, key=lambda p: p.name, reverse=True)
+        found: list[tuple[float, str, Path, Manifest | None]] = []
+        for folder in self.directory.glob(f"{PREFIX}*"):
+            if not (folder / MANIFEST).is_file():
+                continue
+            try:
+                manifest: Manifest | None = Manifest.read(folder)
+            except CheckpointError:
+                manifest = None
+            created = manifest.created if manifest is not None else folder.stat().st_mtime
+            found.append((created, folder.name, folder, manifest))
+        found.sort(key=lambda item: (item[0], item[1]), reverse=True)
+        return [(folder, manifest) for _, _, folder, manifest in found]
 
     def latest_valid(self) -> tuple[Path, Manifest] | None:
         """Newest checkpoint whose manifest reads and whose files verify; warns about others."""
@@ -283,23 +319,32 @@ class CheckpointStore:
             self.warn(f"skipping {folder}: {'; '.join(problems)}")
         return None
 
-    def load(
-        self, folder: Path, target: nn.Module, optimizer: Optimizer | None, *, sharded: bool
-    ) -> dict[str, Any]:
-        """Restore model and optimizer from ``folder``; return the plain trainer data."""
-        trainer = load_trainer(folder)
+    def load_unit(
+        self,
+        folder: Path,
+        name: str,
+        target: nn.Module,
+        optimizers: list[Optimizer],
+        *,
+        trainer: dict[str, Any],
+    ) -> None:
+        """Restore the model saved as ``name`` (and its optimizers) from ``folder``."""
+        model_stem, optim_stem = stems(name)
         if (folder / "dcp").is_dir():
-            model_sd, optim_sd = st.collect(target, optimizer, full=False)
-            state = {"model": model_sd, "optimizer": optim_sd} if optim_sd else {"model": model_sd}
+            model_sd, optim_sd = st.collect(target, optimizers, full=False)
+            state: dict[str, Any] = {model_stem: model_sd}
+            if optim_sd:
+                state[optim_stem] = optim_sd
             dcp_load(state, storage_reader=SafeReader(str(folder / "dcp")), planner=SafePlanner())
-            st.apply(target, optimizer, state["model"], state.get("optimizer", {}), full=False)
-        else:
-            model_sd = load_file(str(folder / "model.safetensors"))
-            optim_sd = st.unflatten_optimizer(
-                load_file(str(folder / "optimizer.safetensors")), trainer["optimizer_meta"]
-            )
-            st.apply(target, optimizer, model_sd, optim_sd, full=True)
-        return trainer
+            st.apply(target, optimizers, state[model_stem], state.get(optim_stem, {}), full=False)
+            return
+        model_sd = load_file(str(folder / f"{model_stem}.safetensors"))
+        metas = trainer["optimizer_meta"]
+        meta = metas if "param_groups" in metas else metas[name]  # format 1: one optimizer
+        optim_sd = st.unflatten_optimizer(
+            load_file(str(folder / f"{optim_stem}.safetensors")), meta
+        )
+        st.apply(target, optimizers, model_sd, optim_sd, full=True)
 
 
 def load_trainer(folder: Path) -> dict[str, Any]:

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from paratrain.config import RunConfig
+from paratrain.config import STRATEGY_NAMES, RunConfig
+from paratrain.errors import ConfigError
 from paratrain.strategies.base import Strategy, require_cuda
 from paratrain.strategies.single import visible_gpu_label
 from paratrain.topology import Topology
@@ -28,7 +29,7 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "ddp": ("paratrain.strategies.ddp", "DDPStrategy"),
     "fsdp": ("paratrain.strategies.fsdp", "FSDPStrategy"),
 }
-STRATEGY_NAMES = tuple(REGISTRY)
+assert tuple(REGISTRY) == STRATEGY_NAMES, "config.STRATEGY_NAMES and REGISTRY must agree"
 
 __all__ = [
     "REGISTRY",
@@ -88,6 +89,11 @@ def select_strategy(config: RunConfig, topology: Topology, gpus: int | None = No
     backend = config.backend or ("nccl" if accelerator == "cuda" else "gloo")
     if backend == "nccl":
         require_cuda("backend 'nccl'", accelerator)
+    if config.comm_hook == "bf16" and backend != "nccl":
+        raise ConfigError(
+            f"comm_hook='bf16' needs the nccl backend (CUDA GPUs); this run uses {backend!r}, "
+            "whose all-reduce cannot compress to bf16. Use comm_hook='fp16', or drop comm_hook."
+        )
     if config.strategy == "auto":
         name, reason = _auto(topology, accelerator, gpus)
     else:

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from paratrain.config import RunConfig
-from paratrain.errors import ConfigError, EnvironmentMismatchError
+from paratrain.errors import ConfigError, EnvironmentMismatchError, ModelError
 from paratrain.topology import Topology
 
 
@@ -40,8 +40,9 @@ class Strategy:
     def check(cls, config: RunConfig, topology: Topology, accelerator: str, gpus: int) -> None:
         """Raise when this strategy cannot run as configured on this machine."""
         if cls.needs_cuda and accelerator != "cuda":
+            asked = config.accelerator if config.accelerator != "auto" else accelerator + "-auto"
             raise EnvironmentMismatchError(
-                f"strategy {cls.name!r} needs CUDA GPUs, but {_no_gpu_reason(accelerator)}. "
+                f"strategy {cls.name!r} needs CUDA GPUs, but {_no_gpu_reason(asked)}. "
                 "Use strategy='cpu' (one process) or 'ddp' (several CPU ranks over gloo), or run "
                 "on a GPU machine; `paratrain doctor` explains what torch sees."
             )
@@ -69,6 +70,23 @@ class Strategy:
     def wrap(self, model: nn.Module) -> nn.Module:
         """Move ``model`` to the device and wrap it for this strategy."""
         return model.to(self.device)
+
+    def wrap_split(self, model: nn.Module, devices: set[torch.device]) -> nn.Module:
+        """Wrap a model the user already spread over several devices, without moving it.
+
+        Only DDP can (one process per model copy); the others refuse rather than collapse it."""
+        listed = ", ".join(sorted(str(d) for d in devices))
+        raise ModelError(
+            f"The model is split over several devices ({listed}); strategy {self.name!r} would "
+            "move all of it to one device and undo the split. Use strategy='ddp' (it keeps each "
+            "layer where you put it: one process per model copy), or put the model on one "
+            "device before run.setup."
+        )
+
+    def sync_buffers(self, model: nn.Module) -> None:
+        """Make buffers (BatchNorm statistics) agree across ranks before evaluation and saves.
+
+        One process, and DDP with buffer sync, have nothing to do."""
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The user's module inside whatever wrapper :meth:`wrap` added."""
@@ -99,6 +117,8 @@ class Strategy:
 def _no_gpu_reason(accelerator: str) -> str:
     if accelerator == "cpu":
         return "accelerator='cpu' was chosen"
+    if accelerator == "cpu-auto":
+        return _no_gpu_reason("cuda") + " (accelerator='auto' chose the CPU)"
     build = (
         "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
     )
@@ -113,3 +133,17 @@ def require_cuda(what: str, accelerator: str) -> None:
             "(backend='gloo', accelerator='cpu') or run on a GPU machine; `paratrain doctor` "
             "explains what torch sees."
         )
+
+
+def average_buffers(model: nn.Module) -> None:
+    """Average floating-point buffers over ranks (integer ones, e.g. counters, take rank 0's)."""
+    import torch.distributed as dist
+
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return
+    for buffer in model.buffers():
+        if buffer.is_floating_point():
+            dist.all_reduce(buffer.data, op=dist.ReduceOp.SUM)
+            buffer.data.div_(dist.get_world_size())
+        else:
+            dist.broadcast(buffer.data, src=0)

@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from paratrain.config import RunConfig
 from paratrain.errors import ConfigError, EnvironmentMismatchError
-from paratrain.strategies.base import Strategy
+from paratrain.strategies.base import Strategy, average_buffers
 from paratrain.topology import Topology
 
 _HOOKS = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
@@ -60,12 +60,20 @@ class DDPStrategy(Strategy):
             )
 
     def wrap(self, model: nn.Module) -> nn.Module:
+        return self._wrap(model, split=False)
+
+    def wrap_split(self, model: nn.Module, devices: set[Any]) -> nn.Module:
+        """A multi-device model stays where it is; DDP then takes no ``device_ids``."""
+        return self._wrap(model, split=True)
+
+    def _wrap(self, model: nn.Module, *, split: bool) -> nn.Module:
         if self.config.sync_batchnorm:
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # type: ignore[no-untyped-call]
-        model = model.to(self.device)
+        if not split:
+            model = model.to(self.device)
         ddp = DistributedDataParallel(
             model,
-            device_ids=[self.device.index] if self.device.type == "cuda" else None,
+            device_ids=[self.device.index] if self.device.type == "cuda" and not split else None,
             find_unused_parameters=self.config.find_unused_parameters,
             **_buffer_sync(self.config.broadcast_buffers),
             static_graph=self.config.static_graph,
@@ -76,6 +84,10 @@ class DDPStrategy(Strategy):
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         return model.module if isinstance(model, DistributedDataParallel) else model
+
+    def sync_buffers(self, model: nn.Module) -> None:
+        if not self.config.broadcast_buffers:  # else DDP copies rank 0's on every forward
+            average_buffers(self.unwrap(model))
 
     def uneven_inputs(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
         # Join shadows the collectives of ranks that ran out of batches until all are done.

@@ -2,8 +2,9 @@
 
 Each submodule chosen by ``RunConfig.fsdp_wrap`` becomes its own all-gather unit (for a transformer:
 its blocks), and the root module always is one. Works on CPU ranks over gloo as on GPUs over nccl.
-Every rank must build the model with the same initial weights (``Run`` seeds all ranks alike);
-FSDP2 shards each rank's local copy and does not broadcast.
+FSDP2 shards each rank's local copy; ``wrap`` first broadcasts rank 0's initial weights so the
+copies agree. Buffers (BatchNorm statistics) stay per rank while training and are averaged over
+ranks before each evaluation pass and each save.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
@@ -20,7 +22,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from paratrain.config import RunConfig
 from paratrain.errors import ConfigError
 from paratrain.module_policy import selected
-from paratrain.strategies.base import Strategy
+from paratrain.strategies.base import Strategy, average_buffers
 from paratrain.strategies.ddp import check_ranks_fit_gpus
 from paratrain.topology import Topology
 
@@ -41,6 +43,10 @@ class FSDPStrategy(Strategy):
         if self.config.sync_batchnorm:
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # type: ignore[no-untyped-call]
         model = model.to(self.device)
+        # FSDP2 shards each rank's local copy: make the copies equal first, whatever random
+        # state each rank built its model with (rank 0's values win, as in DDP).
+        for tensor in [*model.parameters(), *model.buffers()]:
+            dist.broadcast(tensor.data, src=0)
         mesh = init_device_mesh(self.device.type, (self.topology.world_size,))
         for module in selected(model, self.config.fsdp_wrap):
             fully_shard(module, mesh=mesh)
@@ -58,6 +64,10 @@ class FSDPStrategy(Strategy):
             yield
         finally:
             model.set_requires_gradient_sync(True)
+
+    def sync_buffers(self, model: nn.Module) -> None:
+        # Buffers are not sharded: each rank updated its own BatchNorm statistics.
+        average_buffers(model)
 
     def uneven_inputs(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
         raise ConfigError(

@@ -1,0 +1,337 @@
+"""What a save writes and a resume restores: every registered piece of the run's state.
+
+    pieces = Pieces(tracked=tracked, loop=loop, precision=precision, layout=layout)
+    folder = save(pieces, store, identity, extras={"best": 0.91})     # collective
+    resumed = resume(pieces, store, identity, say=print)              # None: nothing to resume
+
+A save records the loop (epoch, step, grad_accum), every training loader's position, every
+model with its optimizers, every scheduler and tracked object, the fp16 scaler, every rank's
+random generators and the extras. A resume restores all of it; state for something the script
+registers only later waits in ``tracked.pending`` and is applied at registration. The continued
+run sees the batches the uninterrupted one would have, also at another world size (loader
+positions count global samples; generator states that no longer map onto ranks are re-derived
+from (seed, step, rank)).
+
+This module is given the pieces explicitly; it knows nothing of :class:`paratrain.Run`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import pathlib
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from paratrain.checkpoint.manifest import Manifest
+from paratrain.checkpoint.rng import capture_rng, reseed_rng, restore_rng
+from paratrain.checkpoint.store import CheckpointStore, SaveRequest, load_trainer
+from paratrain.errors import CheckpointError, ConfigError
+from paratrain.loop_state import LoopState, epoch_to_save
+from paratrain.precision import Precision
+from paratrain.tracking import Tracked, Unit
+from paratrain.version import __version__
+
+
+@dataclass(kw_only=True)
+class Layout:
+    """How the running job is laid out (recorded in the manifest, compared on resume)."""
+
+    strategy: str
+    world_size: int
+    rank: int
+    sharded: bool
+    """True when every rank writes its shards (FSDP); else rank 0 writes full tensors."""
+    seed: int
+    unwrap: Any
+    """``module -> plain module`` of the strategy."""
+
+
+@dataclass(kw_only=True)
+class Pieces:
+    """Everything a checkpoint holds, handed over explicitly."""
+
+    tracked: Tracked
+    loop: LoopState
+    precision: Precision
+    layout: Layout
+
+
+@dataclass
+class Identity:
+    """Which run writes: its own id, and the lineage (first fresh run) it continues."""
+
+    run_id: str
+    lineage: str
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """What :func:`resume` restored."""
+
+    folder: Path
+    manifest: Manifest
+    extras: dict[str, Any]
+    grad_accum: int
+    """grad_accum to use from now on (changed only with ``keep_global_batch``)."""
+
+
+def save(
+    pieces: Pieces,
+    store: CheckpointStore,
+    identity: Identity,
+    extras: dict[str, Any] | None,
+    *,
+    background: bool = False,
+) -> Path | None:
+    """Write a checkpoint of everything registered (collective)."""
+    tracked, loop = pieces.tracked, pieces.loop
+    if not tracked.units:
+        raise ConfigError("run.save() found no model: call run.setup(model, optimizer) first.")
+    loaders = tracked.loaders
+    driver = next((ld for ld in loaders if ld.in_progress), loaders[0] if loaders else None)
+    epoch = epoch_to_save(loop.epoch, loaders)
+    per_rank = driver.loader.batch_size if driver is not None else None
+    manifest = Manifest(
+        paratrain_version=__version__,
+        torch_version=torch.__version__,
+        layout="sharded" if pieces.layout.sharded else "replicated",
+        strategy=pieces.layout.strategy,
+        world_size=pieces.layout.world_size,
+        per_rank_batch=per_rank,
+        grad_accum=loop.grad_accum,
+        epoch=epoch,
+        step=loop.global_step,
+        samples_in_epoch=driver.position.samples if driver and driver.in_progress else 0,
+        created=0.0,
+        run_id=identity.run_id,
+        lineage=identity.lineage,
+        models=[u.name for u in tracked.units],
+    )
+    trainer = {
+        "loop": {**loop.state_dict(), "epoch": epoch},
+        "loaders": {ld.name: ld.state_dict() for ld in loaders},
+        "schedulers": {k: v.state_dict() for k, v in tracked.schedulers.items()},
+        "objects": {k: plain(v.state_dict(), f"run.track({k!r})") for k, v in tracked.objects.items()},
+        "scaler": pieces.precision.state_dict(),
+        "extras": plain(dict(extras or {}), "extras"),
+        "rng": capture_rng(),
+        "seed": pieces.layout.seed,
+        "position": {"epoch": epoch, "step": loop.global_step, "samples_in_epoch": 0},
+    }
+    request = SaveRequest(
+        units=[(u.name, pieces.layout.unwrap(u.module), u.optimizers) for u in tracked.units],
+        trainer=trainer,
+        manifest=manifest,
+        sharded=pieces.layout.sharded,
+    )
+    return store.save(request, background=background)
+
+
+def plain(value: Any, where: str) -> Any:
+    """``value`` as data that loads with ``weights_only=True``; numpy scalars and paths are
+    converted, anything else that would make the checkpoint unloadable is refused now."""
+    if isinstance(value, (bool, int, float, str, bytes, type(None), torch.Tensor)):
+        return value
+    if isinstance(value, (np.generic, np.ndarray)):
+        return value.item() if value.ndim == 0 else torch.from_numpy(np.array(value))
+    if isinstance(value, pathlib.PurePath):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: plain(v, f"{where}[{k!r}]") for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        items = [plain(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return items if isinstance(value, list) or type(value) is not tuple else tuple(items)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return plain(dataclasses.asdict(value), where)
+    try:  # anything torch's safe loader accepts (torch.Size, dtypes, ...) is kept as it is
+        buffer = io.BytesIO()
+        torch.save(value, buffer)
+        buffer.seek(0)
+        torch.load(buffer, weights_only=True)
+    except Exception:
+        raise CheckpointError(
+            f"{where} holds a {type(value).__module__}.{type(value).__qualname__}, which a "
+            "checkpoint cannot hold safely (resuming would have to run pickled code). Store "
+            "plain data: numbers, strings, lists, dicts, tensors (e.g. float(x), str(path))."
+        ) from None
+    return value
+
+
+def resume(
+    pieces: Pieces,
+    store: CheckpointStore,
+    identity: Identity,
+    *,
+    keep_global_batch: bool,
+    say: Any,
+    warn: Any,
+) -> Resumed | None:
+    """Restore the newest valid checkpoint, if any (collective)."""
+    if not pieces.tracked.units:
+        raise ConfigError(
+            "run.resume() needs the model: call run.setup(model, optimizer) first. To read a "
+            "checkpoint's extras before building the model, use run.latest_checkpoint()."
+        )
+    found = _agree(store.latest_valid() if pieces.layout.rank == 0 else None)
+    if found is None:
+        say(f"paratrain: no checkpoint in {store.directory}; starting fresh")
+        return None
+    folder, manifest = found
+    trainer = load_trainer(folder)
+    _restore_units(pieces, store, folder, manifest, trainer, warn)
+    _restore_rest(pieces, trainer)
+    if manifest.world_size == pieces.layout.world_size:
+        restore_rng(trainer["rng"][pieces.layout.rank])
+    else:
+        reseed_rng(seed=pieces.layout.seed, step=pieces.loop.global_step, rank=pieces.layout.rank)
+        say(
+            f"paratrain: saved at world size {manifest.world_size}, resumed at "
+            f"{pieces.layout.world_size}: random generators re-derived from (seed, step, rank)"
+        )
+    identity.lineage = manifest.lineage or manifest.run_id
+    grad_accum = _global_batch(pieces, manifest, keep_global_batch, say, warn)
+    origin = "" if manifest.run_id in ("", identity.run_id) else f", written by run {manifest.run_id}"
+    say(
+        f"paratrain: resumed from {folder} (epoch {pieces.loop.epoch}, step "
+        f"{pieces.loop.global_step}{origin}, saved {time.ctime(manifest.created)})"
+    )
+    return Resumed(folder, manifest, dict(trainer.get("extras", {})), grad_accum)
+
+
+def _restore_units(
+    pieces: Pieces,
+    store: CheckpointStore,
+    folder: Path,
+    manifest: Manifest,
+    trainer: dict[str, Any],
+    warn: Any,
+) -> None:
+    units = {u.name: u for u in pieces.tracked.units}
+    saved = list(manifest.models)
+    if len(saved) == 1 and len(units) == 1:  # one model each: names need not match
+        units = {saved[0]: next(iter(units.values()))}
+
+    def restore(name: str) -> Any:
+        def apply(unit: Unit) -> None:
+            target = pieces.layout.unwrap(unit.module)
+            store.load_unit(folder, name, target, unit.optimizers, trainer=trainer)
+
+        return apply
+
+    for name in saved:
+        if name in units:
+            restore(name)(units[name])
+        else:
+            pieces.tracked.defer(f"model:{name}", restore(name))
+    missing = [n for n in units if n not in saved]
+    if missing:
+        warn(
+            f"model(s) {missing} are not in {folder} (it holds {saved}); they keep their "
+            "current weights"
+        )
+
+
+def _restore_rest(pieces: Pieces, trainer: dict[str, Any]) -> None:
+    tracked, loop = pieces.tracked, pieces.loop
+    if "loop" in trainer:
+        loop.load_state_dict(trainer["loop"])
+        loaders: dict[str, Any] = trainer.get("loaders", {})
+        schedulers: dict[str, Any] = trainer.get("schedulers", {})
+        objects: dict[str, Any] = trainer.get("objects", {})
+    else:  # format 1: one position, one scheduler
+        pos = trainer["position"]
+        loop.epoch, loop.global_step = int(pos["epoch"]), int(pos["step"])
+        samples = int(pos["samples_in_epoch"])
+        loaders = {"loader": {"epoch": loop.epoch, "samples": samples, "finished": False}}
+        schedulers = {"scheduler": trainer["scheduler"]} if trainer.get("scheduler") else {}
+        objects = {}
+    by_name = {ld.name: ld for ld in tracked.loaders}
+    for name, state in loaders.items():
+        _apply_or_defer(tracked, "loader", name, by_name.get(name), state)
+    for name, state in schedulers.items():
+        _apply_or_defer(tracked, "scheduler", name, tracked.schedulers.get(name), state)
+    for name, state in objects.items():
+        _apply_or_defer(tracked, "object", name, tracked.objects.get(name), state)
+    pieces.precision.load_state_dict(trainer.get("scaler"))
+
+
+def _apply_or_defer(tracked: Tracked, kind: str, name: str, obj: Any, state: Any) -> None:
+    if obj is not None:
+        obj.load_state_dict(state)
+    else:
+        tracked.defer(f"{kind}:{name}", lambda o: o.load_state_dict(state))
+
+
+def _global_batch(
+    pieces: Pieces, manifest: Manifest, keep: bool, say: Any, warn: Any
+) -> int:
+    loaders = [ld for ld in pieces.tracked.loaders if ld.train]
+    accum = pieces.loop.grad_accum
+    if manifest.global_batch is None or not loaders:
+        return accum
+    per_rank = loaders[0].loader.batch_size or 1
+    world = pieces.layout.world_size
+    now = per_rank * world * accum
+    if now == manifest.global_batch:
+        return accum
+    if not keep:
+        warn(
+            f"global batch changed from {manifest.global_batch} (saved) to {now}; "
+            "pass keep_global_batch=True to run.resume to keep it via grad_accum"
+        )
+        return accum
+    new, rest = divmod(manifest.global_batch, per_rank * world)
+    if rest or new < 1:
+        raise CheckpointError(
+            f"Cannot keep the global batch {manifest.global_batch}: per-rank batch {per_rank} x "
+            f"world size {world} does not divide it. Choose a per-rank batch that does."
+        )
+    say(
+        f"paratrain: grad_accum set to {new} to keep the global batch "
+        f"{manifest.global_batch} at world size {world}"
+    )
+    return new
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """The newest valid checkpoint, read without a model (see ``run.latest_checkpoint``)."""
+
+    folder: Path
+    manifest: Manifest
+    extras: dict[str, Any]
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps taken when it was saved."""
+        return self.manifest.step
+
+    @property
+    def epoch(self) -> int:
+        """Epoch it continues in."""
+        return self.manifest.epoch
+
+
+def latest(store: CheckpointStore, rank: int) -> CheckpointInfo | None:
+    """The newest valid checkpoint's manifest and extras, agreed by every rank (collective)."""
+    found = _agree(store.latest_valid() if rank == 0 else None)
+    if found is None:
+        return None
+    folder, manifest = found
+    return CheckpointInfo(folder, manifest, dict(load_trainer(folder).get("extras", {})))
+
+
+def _agree(found: tuple[Path, Manifest] | None) -> tuple[Path, Manifest] | None:
+    """Rank 0's choice, for every rank (ranks must not resume from different folders)."""
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return found
+    box: list[Any] = [found]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]  # type: ignore[no-any-return]

@@ -1,0 +1,106 @@
+"""The environment variables paratrain reads, read in one place.
+
+    env = LaunchEnv.read()                    # os.environ by default
+    env.run_dir, env.backend, env.restart_count, env.report
+
+What a launcher passes to the script's :class:`paratrain.Run`:
+
+=========================  ==============================================================
+``PARATRAIN_RUN_DIR``      ``paratrain run --run-dir DIR``: the run dir. A script that passes
+                           a *different* ``run_dir=`` gets an error naming both, never a
+                           silent choice of one.
+``PARATRAIN_BACKEND``      ``paratrain run --backend``: the collective backend.
+``PARATRAIN_REPORT``       a file the main process writes the resolved run dir into (JSON),
+                           so ``paratrain run`` can point at stacks and checkpoints of a
+                           script that chose its own run dir.
+``TORCHELASTIC_*``         torchrun: the restart attempt and the job id.
+=========================  ==============================================================
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from paratrain.errors import ConfigError
+
+DEFAULT_RUN_DIR = "runs/paratrain"
+RUN_DIR_VAR = "PARATRAIN_RUN_DIR"
+BACKEND_VAR = "PARATRAIN_BACKEND"
+REPORT_VAR = "PARATRAIN_REPORT"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LaunchEnv:
+    """What the launcher (``paratrain run``, torchrun, Slurm) told this process."""
+
+    run_dir: str | None
+    """``PARATRAIN_RUN_DIR`` (None when the launcher did not choose one)."""
+    backend: str | None
+    """``PARATRAIN_BACKEND``."""
+    report: str | None
+    """``PARATRAIN_REPORT``: where the main process records the resolved run dir."""
+    restart_count: int
+    """``TORCHELASTIC_RESTART_COUNT``: 0 on the first start, k after the k-th restart."""
+    job_id: str | None
+    """An id shared by every attempt of this job (torchrun's run id, Slurm's job id)."""
+
+    @classmethod
+    def read(cls, env: Mapping[str, str] | None = None) -> LaunchEnv:
+        """Read the variables from ``env`` (default ``os.environ``)."""
+        env = os.environ if env is None else env
+        raw = env.get("TORCHELASTIC_RESTART_COUNT", "0") or "0"
+        try:
+            restarts = int(raw)
+        except ValueError:
+            raise ConfigError(
+                f"TORCHELASTIC_RESTART_COUNT={raw!r} is not a whole number. Unset it; torchrun "
+                "sets it for its workers."
+            ) from None
+        job = env.get("TORCHELASTIC_RUN_ID") or env.get("SLURM_JOB_ID")
+        return cls(
+            run_dir=env.get(RUN_DIR_VAR) or None,
+            backend=env.get(BACKEND_VAR) or None,
+            report=env.get(REPORT_VAR) or None,
+            restart_count=restarts,
+            job_id=None if job in (None, "", "none") else job,
+        )
+
+    def resolve_run_dir(self, passed: str | Path | None) -> Path:
+        """The run dir: the script's ``run_dir=``, the launcher's, or the default.
+
+        Both set and different is an error: one of them would be ignored silently.
+        """
+        if passed is not None and self.run_dir is not None:
+            if Path(passed).resolve() != Path(self.run_dir).resolve():
+                raise ConfigError(
+                    f"The script passes run_dir={str(passed)!r} but the launcher set "
+                    f"--run-dir {self.run_dir!r} ({RUN_DIR_VAR}). One would be ignored. Drop "
+                    "run_dir= from the script (the launcher's wins), or launch with the same "
+                    "--run-dir, or without --run-dir."
+                )
+        if passed is not None:
+            return Path(passed)
+        return Path(self.run_dir or DEFAULT_RUN_DIR)
+
+    def write_report(self, record: Mapping[str, object]) -> None:
+        """Main process: tell the launcher what was resolved (no-op without a launcher)."""
+        if self.report is None:
+            return
+        path = Path(self.report)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(dict(record)))
+        os.replace(tmp, path)
+
+
+def read_report(path: Path) -> dict[str, object] | None:
+    """What :meth:`LaunchEnv.write_report` wrote, or None (not written, unreadable)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

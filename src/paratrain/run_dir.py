@@ -1,0 +1,69 @@
+"""Where a run writes: every artefact of a run dir is named here, once.
+
+    layout = RunDir("runs/exp")
+    layout.checkpoints      # runs/exp/checkpoints   (run.save / run.resume; ckpt_dir overrides)
+    layout.stats            # runs/exp/stats/rank<r>.jsonl   (per-rank throughput, memory)
+    layout.stacks           # runs/exp/stacks/rank<r>.{txt,json}   (hang diagnosis)
+    layout.metrics          # runs/exp/metrics.jsonl   (run.log)
+    layout.restarts         # runs/exp/restarts.jsonl  (one line per torchrun restart)
+    layout.tensorboard      # runs/exp/tensorboard/
+    layout.report           # runs/exp/run.json   (what the script's Run resolved; paratrain run reads it)
+
+Only the main process writes the shared files (metrics, restarts, report); every rank writes its
+own file under ``stats/`` and ``stacks/``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class RunDir:
+    """The layout of one run dir."""
+
+    root: Path
+    """The run dir itself."""
+
+    def __init__(self, root: str | Path) -> None:
+        object.__setattr__(self, "root", Path(root))
+
+    @property
+    def checkpoints(self) -> Path:
+        """Default checkpoint directory (``ckpt_dir`` overrides it)."""
+        return self.root / "checkpoints"
+
+    @property
+    def stats(self) -> Path:
+        """Per-rank stats JSON lines, ``rank<r>.jsonl``."""
+        return self.root / "stats"
+
+    @property
+    def stacks(self) -> Path:
+        """Hang diagnosis: per-rank stacks and verdicts, NCCL flight-recorder dumps."""
+        return self.root / "stacks"
+
+    @property
+    def metrics(self) -> Path:
+        """Scalars from ``run.log``, one JSON object per line."""
+        return self.root / "metrics.jsonl"
+
+    @property
+    def restarts(self) -> Path:
+        """One JSON line per torchrun restart (time, attempt, step, epoch, resumed)."""
+        return self.root / "restarts.jsonl"
+
+    @property
+    def tensorboard(self) -> Path:
+        """TensorBoard event files."""
+        return self.root / "tensorboard"
+
+    @property
+    def report(self) -> Path:
+        """``run.json``: the settings the script's Run resolved (run dir, checkpoint dir, ranks)."""
+        return self.root / "run.json"
+
+    def stats_file(self, rank: int) -> Path:
+        """This rank's stats file."""
+        return self.stats / f"rank{rank}.jsonl"

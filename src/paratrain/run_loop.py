@@ -1,0 +1,219 @@
+"""What happens as the training loop moves, whatever the loop's shape.
+
+    hooks = LoopHooks(run)
+    hooks.loop_action()          # from epochs/progress/accumulate/backward/step/save: the loop is
+                                 # running, so a restarted worker resumes now (once)
+    hooks.last_micro_batch(key)  # is this micro-batch the last of the driving loader's pass?
+
+Also the callbacks a :class:`paratrain.data.DeviceLoader` makes (a pass starts, a batch
+arrives), and :class:`StepRounds`, which counts one global step per round of optimizer steps.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+from torch.optim import Optimizer
+
+from paratrain.accumulation import Windows
+from paratrain.checkpoint import resume as checkpoints
+from paratrain.checkpoint.store import CheckpointStore
+from paratrain.config import RunConfig
+from paratrain.console import Console
+from paratrain.data import DeviceLoader
+from paratrain.errors import ConfigError
+from paratrain.loop_state import LoopState
+from paratrain.seeding import seed_rank_stream
+from paratrain.strategies import Strategy
+from paratrain.tracking import Tracked
+from paratrain.watchdog import Watchdog
+
+
+class _RunParts(Protocol):
+    """The parts of a Run the hooks use (a Run satisfies it)."""
+
+    config: RunConfig
+    console: Console
+    strategy: Strategy
+    tracked: Tracked
+    loop: LoopState
+    extras: dict[str, Any]
+    _windows: Windows
+    _watchdog: Watchdog | None
+    _auto_resume: bool
+    _rank_streams: bool
+    _resumed_at_step: int | None
+    _batch_reported: bool
+    _restart_recorded: bool
+    _identity: checkpoints.Identity
+    resumed_from: Path | None
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def restart_count(self) -> int: ...
+    @property
+    def store(self) -> CheckpointStore: ...
+    def _pieces(self) -> checkpoints.Pieces: ...
+    def _record_restart(self, resumed: bool) -> None: ...
+    def _print_notes(self) -> None: ...
+    def set_grad_accum(self, every: int) -> None: ...
+
+
+class StepRounds:
+    """One global step per round: a round ends when an optimizer steps a second time.
+
+    A GAN stepping D then G counts 1 per iteration; a critic stepped 5x per generator step
+    counts 5."""
+
+    def __init__(self) -> None:
+        self._round: set[int] = set()
+
+    def count(self, optimizer: Optimizer) -> bool:
+        """Note that ``optimizer`` stepped; True when this begins a new round."""
+        new = id(optimizer) in self._round or not self._round
+        if id(optimizer) in self._round:
+            self._round = set()
+        self._round.add(id(optimizer))
+        return new
+
+
+class LoopHooks:
+    """The run's reactions to the loop; also the hooks of its loaders."""
+
+    def __init__(self, run: _RunParts) -> None:
+        self.run = run
+        self._in_pass: dict[int, tuple[int, int]] = {}
+
+    # -- data.LoaderHooks ------------------------------------------------------------------
+    def current_epoch(self) -> int:
+        """The run's epoch."""
+        return self.run.loop.epoch
+
+    def on_pass_start(self, loader: DeviceLoader[Any]) -> None:
+        """Training: the loop runs (resume a restarted worker first). Evaluation: make buffers
+        agree across ranks, so every rank evaluates the same model."""
+        if loader.train:
+            self.loop_action()
+        else:
+            for unit in self.run.tracked.units:
+                self.run.strategy.sync_buffers(unit.module)
+        self.progress()
+
+    def on_batch(self) -> None:
+        """A batch arrived."""
+        self.progress()
+
+    def warn(self, message: str) -> None:
+        """A warning from the main process."""
+        self.run.console.warn(message)
+
+    def progress(self) -> None:
+        """Tell the hang watchdog the loop moved."""
+        if self.run._watchdog is not None:
+            self.run._watchdog.progress(self.run.loop.global_step)
+
+    # -- the loop runs ----------------------------------------------------------------------
+    def loop_action(self) -> None:
+        """Called by every training action: resume after a restart, once."""
+        self.resume_if_restarted()
+        self.progress()
+
+    def resume_if_restarted(self) -> None:
+        """After a torchrun restart: resume from the newest valid checkpoint (once), as soon as
+        a model is set up, whatever the loop's shape."""
+        run = self.run
+        if run._auto_resume and run.tracked.units:
+            run._auto_resume = False
+            self.resume(keep_global_batch=False)
+
+    def resume(self, *, keep_global_batch: bool) -> dict[str, Any] | None:
+        """Restore the newest valid checkpoint into the registered pieces."""
+        run = self.run
+        restarted, run._auto_resume = run._auto_resume or run.restart_count > 0, False
+        resumed = checkpoints.resume(
+            run._pieces(),
+            run.store,
+            run._identity,
+            keep_global_batch=keep_global_batch,
+            say=run.console.print,
+            warn=run.console.warn,
+        )
+        run._rank_streams = True  # generators come from the checkpoint (or stay as they are)
+        run._resumed_at_step = run.loop.global_step
+        self._in_pass.clear()
+        if restarted and not run._restart_recorded:
+            run._restart_recorded = True
+            run._record_restart(resumed is not None)
+        run._print_notes()
+        if resumed is None:
+            return None
+        run.extras, run.resumed_from = resumed.extras, resumed.folder
+        if resumed.grad_accum != run.loop.grad_accum:
+            run.set_grad_accum(resumed.grad_accum)
+        return resumed.extras
+
+    def start_rank_streams(self) -> None:
+        """After the first setup: each rank draws its own random numbers from now on."""
+        run = self.run
+        if not run._rank_streams:
+            run._rank_streams = True
+            seed_rank_stream(run.config.seed, run.rank)
+
+    def first_loader(self, batch_size: int) -> None:
+        """Derive grad_accum from ``global_batch`` and print the global batch, once."""
+        run = self.run
+        if run._batch_reported:
+            return
+        run._batch_reported = True
+        world = run.world_size
+        if run.config.global_batch is not None:
+            accum, rest = divmod(run.config.global_batch, batch_size * world)
+            if rest or accum < 1:
+                raise ConfigError(
+                    f"global_batch={run.config.global_batch} is not a multiple of per-rank batch "
+                    f"{batch_size} x world size {world} = {batch_size * world}. Choose a "
+                    "global batch that it divides, or another per-rank batch."
+                )
+            run.set_grad_accum(accum)
+        accum = run.loop.grad_accum
+        run.console.print(
+            f"paratrain: global batch {batch_size * world * accum} = per-rank batch "
+            f"{batch_size} x world size {world} x grad_accum {accum}"
+        )
+
+    def last_micro_batch(self, key: int) -> bool:
+        """True when model ``key``'s micro-batch is the last of the driving loader's pass.
+
+        The driver is the training loader whose running pass started first (the loop's own
+        loader, not an auxiliary one read inside it). Micro-batches are counted per model from
+        the start of that pass, so a loader that reads ahead does not end a window early."""
+        running = [ld for ld in self.run.tracked.loaders if ld.train and ld.in_progress]
+        if not running:
+            return False
+        driver = min(running, key=lambda ld: ld.pass_id)
+        pass_id, count = self._in_pass.get(key, (-1, 0))
+        count = count + 1 if pass_id == driver.pass_id else 1
+        self._in_pass[key] = (driver.pass_id, count)
+        return driver.pass_length is not None and count >= driver.pass_length
+
+    def drop_unfinished_windows(self) -> None:
+        """At the end of an epoch: forget windows that never reached a step, and say why."""
+        run = self.run
+        pending = run._windows.pending()
+        if not pending:
+            return
+        count = run._windows.drop_pending()
+        run.console.warn(
+            f"epoch {run.loop.epoch} ended with {count} micro-batch(es) of an unfinished "
+            "accumulation window; their gradients were dropped. The last micro-batch of an epoch "
+            "is recognised when the loop runs the training loader's whole pass and the loader "
+            "has a length; here the loop stopped early, iterated something shorter (zip), or "
+            "the length was unknown (an IterableDataset)."
+        )
+        for unit in run.tracked.units:
+            for optimizer in unit.optimizers:
+                optimizer.zero_grad(set_to_none=True)
