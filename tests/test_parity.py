@@ -49,7 +49,8 @@ def _evaluate(model: nn.Module, run: pt.Run, n: int) -> tuple[int, int, list[int
     for x, y in run.eval_loader(dataset(n, seed=7), batch_size=8):
         correct += int((model(x).argmax(1) == y).sum())
         total += len(y)
-    seen = list(run.eval_loader(dataset(n, seed=7), batch_size=8).sampler)
+    batches = run.eval_loader(dataset(n, seed=7), batch_size=8).loader.batch_sampler
+    seen = [i for batch in batches for i in batch]
     return run.reduce(correct, "sum"), run.reduce(total, "sum"), run.gather(seen)
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from paratrain.errors import EnvironmentMismatchError
+from paratrain.run_dir import RunDir
 
 T = TypeVar("T")
 
@@ -32,12 +33,12 @@ class Console:
         self, *, is_main: bool, run_dir: str | Path, tensorboard: bool, progress: bool
     ) -> None:
         self.is_main = is_main
-        self.run_dir = Path(run_dir)
+        self.layout = RunDir(run_dir)
         self.show_progress = progress
         self._writer: Any = None
         self._metrics: Any = None
         if is_main and tensorboard:
-            self._writer = _summary_writer(self.run_dir / "tensorboard")
+            self._writer = _summary_writer(self.layout.tensorboard)
 
     def print(self, *values: object, sep: str = " ", end: str = "\n", file: Any = None) -> None:
         """``print`` on the main process; a no-op elsewhere."""
@@ -64,8 +65,8 @@ class Console:
         if not self.is_main:
             return
         if self._metrics is None:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            self._metrics = (self.run_dir / "metrics.jsonl").open("a", encoding="utf-8")
+            self.layout.root.mkdir(parents=True, exist_ok=True)
+            self._metrics = self.layout.metrics.open("a", encoding="utf-8")
         record = {"step": step, "time": time.time(), **{k: float(v) for k, v in metrics.items()}}
         self._metrics.write(json.dumps(record) + "\n")
         self._metrics.flush()

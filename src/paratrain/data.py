@@ -305,7 +305,9 @@ def make_loader(
                 f"run.loader chooses the {reserved} itself, so ranks get disjoint data. Drop "
                 f"{reserved}=..., or build your own DataLoader and skip run.loader."
             )
-    workers = default_workers(device, topology.local_world_size) if num_workers is None else num_workers
+    workers = (
+        default_workers(device, topology.local_world_size) if num_workers is None else num_workers
+    )
     kwargs.setdefault("pin_memory", device.type == "cuda")
     kwargs.setdefault("persistent_workers", workers > 0)
     owns_generator = "generator" not in kwargs

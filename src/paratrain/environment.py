@@ -74,14 +74,14 @@ class LaunchEnv:
 
         Both set and different is an error: one of them would be ignored silently.
         """
-        if passed is not None and self.run_dir is not None:
-            if Path(passed).resolve() != Path(self.run_dir).resolve():
-                raise ConfigError(
-                    f"The script passes run_dir={str(passed)!r} but the launcher set "
-                    f"--run-dir {self.run_dir!r} ({RUN_DIR_VAR}). One would be ignored. Drop "
-                    "run_dir= from the script (the launcher's wins), or launch with the same "
-                    "--run-dir, or without --run-dir."
-                )
+        launcher = self.run_dir
+        if passed is not None and launcher is not None and not _same(passed, launcher):
+            raise ConfigError(
+                f"The script passes run_dir={str(passed)!r} but the launcher set "
+                f"--run-dir {launcher!r} ({RUN_DIR_VAR}). One would be ignored. Drop "
+                "run_dir= from the script (the launcher's wins), or launch with the same "
+                "--run-dir, or without --run-dir."
+            )
         if passed is not None:
             return Path(passed)
         return Path(self.run_dir or DEFAULT_RUN_DIR)
@@ -95,6 +95,10 @@ class LaunchEnv:
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(dict(record)))
         os.replace(tmp, path)
+
+
+def _same(a: str | Path, b: str | Path) -> bool:
+    return Path(a).resolve() == Path(b).resolve()
 
 
 def read_report(path: Path) -> dict[str, object] | None:

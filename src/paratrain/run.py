@@ -86,7 +86,9 @@ class Run:
         env = LaunchEnv.read()
         self._env = env
         self.config = dataclasses.replace(
-            config, backend=config.backend or env.backend, run_dir=env.resolve_run_dir(config.run_dir)
+            config,
+            backend=config.backend or env.backend,
+            run_dir=env.resolve_run_dir(config.run_dir),
         )
         self.layout = RunDir(self.config.run_dir or ".")
         """Where this run writes (:class:`paratrain.run_dir.RunDir`)."""
@@ -403,7 +405,9 @@ class Run:
             if correction != 1.0:
                 torch._foreach_mul_([p.grad for p in params], correction)
             if self.config.max_grad_norm is not None:
-                self.last_grad_norm = self.strategy.clip_grad_norm(params, self.config.max_grad_norm)
+                self.last_grad_norm = self.strategy.clip_grad_norm(
+                    params, self.config.max_grad_norm
+                )
         stepped = self.precision.step(optimizer)
         optimizer.zero_grad(set_to_none=True)
         if window is not None:

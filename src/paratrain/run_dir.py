@@ -7,7 +7,7 @@
     layout.metrics          # runs/exp/metrics.jsonl   (run.log)
     layout.restarts         # runs/exp/restarts.jsonl  (one line per torchrun restart)
     layout.tensorboard      # runs/exp/tensorboard/
-    layout.report           # runs/exp/run.json   (what the script's Run resolved; paratrain run reads it)
+    layout.report           # runs/exp/run.json   (what the script's Run resolved)
 
 Only the main process writes the shared files (metrics, restarts, report); every rank writes its
 own file under ``stats/`` and ``stacks/``.

@@ -1,10 +1,10 @@
 """Everything a checkpoint holds, registered once, by name.
 
     tracked = Tracked()
-    tracked.add_unit(model, [opt_g], name="model")          # run.setup
-    tracked.add_scheduler(sched)                            # run.setup(scheduler=) / run.step / resume
-    tracked.add_object(ema, "ema")                          # run.track
-    tracked.add_loader(loader)                              # run.loader
+    tracked.add_unit(model, [opt_g], name="model")   # run.setup
+    tracked.add_scheduler(sched)            # run.setup(scheduler=), run.step, run.resume
+    tracked.add_object(ema, "ema")          # run.track
+    tracked.add_loader(loader)              # run.loader
 
 Registration is idempotent (the same object twice keeps its first name). A resumed checkpoint may
 hold state for something the script registers only later (a scheduler first passed to
@@ -143,9 +143,10 @@ class Tracked:
 
 
 def _check_stateful(obj: Any, what: str) -> None:
-    if not (callable(getattr(obj, "state_dict", None)) and callable(
-        getattr(obj, "load_state_dict", None)
-    )):
+    if not (
+        callable(getattr(obj, "state_dict", None))
+        and callable(getattr(obj, "load_state_dict", None))
+    ):
         raise ConfigError(
             f"{what}: {type(obj).__name__} has no state_dict()/load_state_dict(), so a "
             "checkpoint cannot save and restore it. Pass an object that has both (schedulers, "

@@ -118,7 +118,9 @@ def save(
         "loop": {**loop.state_dict(), "epoch": epoch},
         "loaders": {ld.name: ld.state_dict() for ld in loaders},
         "schedulers": {k: v.state_dict() for k, v in tracked.schedulers.items()},
-        "objects": {k: plain(v.state_dict(), f"run.track({k!r})") for k, v in tracked.objects.items()},
+        "objects": {
+            k: plain(v.state_dict(), f"run.track({k!r})") for k, v in tracked.objects.items()
+        },
         "scaler": pieces.precision.state_dict(),
         "extras": plain(dict(extras or {}), "extras"),
         "rng": capture_rng(),
@@ -137,10 +139,10 @@ def save(
 def plain(value: Any, where: str) -> Any:
     """``value`` as data that loads with ``weights_only=True``; numpy scalars and paths are
     converted, anything else that would make the checkpoint unloadable is refused now."""
+    if isinstance(value, (np.generic, np.ndarray)):  # before float: np.float64 is a float
+        return value.item() if value.ndim == 0 else torch.from_numpy(np.array(value))
     if isinstance(value, (bool, int, float, str, bytes, type(None), torch.Tensor)):
         return value
-    if isinstance(value, (np.generic, np.ndarray)):
-        return value.item() if value.ndim == 0 else torch.from_numpy(np.array(value))
     if isinstance(value, pathlib.PurePath):
         return str(value)
     if isinstance(value, dict):
@@ -197,7 +199,9 @@ def resume(
         )
     identity.lineage = manifest.lineage or manifest.run_id
     grad_accum = _global_batch(pieces, manifest, keep_global_batch, say, warn)
-    origin = "" if manifest.run_id in ("", identity.run_id) else f", written by run {manifest.run_id}"
+    origin = (
+        "" if manifest.run_id in ("", identity.run_id) else f", written by run {manifest.run_id}"
+    )
     say(
         f"paratrain: resumed from {folder} (epoch {pieces.loop.epoch}, step "
         f"{pieces.loop.global_step}{origin}, saved {time.ctime(manifest.created)})"
@@ -269,9 +273,7 @@ def _apply_or_defer(tracked: Tracked, kind: str, name: str, obj: Any, state: Any
         tracked.defer(f"{kind}:{name}", lambda o: o.load_state_dict(state))
 
 
-def _global_batch(
-    pieces: Pieces, manifest: Manifest, keep: bool, say: Any, warn: Any
-) -> int:
+def _global_batch(pieces: Pieces, manifest: Manifest, keep: bool, say: Any, warn: Any) -> int:
     loaders = [ld for ld in pieces.tracked.loaders if ld.train]
     accum = pieces.loop.grad_accum
     if manifest.global_batch is None or not loaders:

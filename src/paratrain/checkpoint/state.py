@@ -20,7 +20,7 @@ from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_state_dict,
     set_model_state_dict,
-    set_state_dict,
+    set_optimizer_state_dict,
 )
 from torch.optim import Optimizer
 
@@ -49,17 +49,21 @@ def apply(
     full: bool,
 ) -> None:
     """Load states produced by :func:`collect` (at any world size or strategy)."""
+    # Full optimizer states are distributed to the ranks' devices tensor by tensor; torch cannot
+    # tell the device of a state without tensors (plain SGD). Such a state is the same on every
+    # rank, so it loads as it is.
+    full_optim = full and _has_tensors(optim_sd.get("state", {}))
     options = StateDictOptions(full_state_dict=full, strict=True)
     try:
         if not optimizers or not optim_sd:
             set_model_state_dict(target, model_sd, options=options)
         else:
-            set_state_dict(
+            set_model_state_dict(target, model_sd, options=options)
+            set_optimizer_state_dict(
                 target,
                 optimizers,
-                model_state_dict=model_sd,
-                optim_state_dict=optim_sd,
-                options=options,
+                optim_sd,
+                options=StateDictOptions(full_state_dict=full_optim, strict=True),
             )
     except (RuntimeError, KeyError, ValueError) as err:
         raise CheckpointError(
@@ -68,6 +72,16 @@ def apply(
             "and optimizer that wrote it, or load the weights alone with paratrain.load_weights "
             "to see a report of missing, unexpected and mismatched keys."
         ) from None
+
+
+def _has_tensors(tree: Any) -> bool:
+    if isinstance(tree, torch.Tensor):
+        return tree.dim() > 0
+    if isinstance(tree, dict):
+        return any(_has_tensors(v) for v in tree.values())
+    if isinstance(tree, (list, tuple)):
+        return any(_has_tensors(v) for v in tree)
+    return False
 
 
 def flatten_optimizer(optim_sd: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

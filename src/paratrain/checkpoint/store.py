@@ -119,9 +119,7 @@ class CheckpointStore:
             self._save_sharded(request, tmp, final, states, rng, background)
         elif rank == 0:
             if background:  # the host copy is the only stall; writing happens in a thread
-                states = {
-                    name: (self._stage(m, name), _clone_tensors(o)) for name, (m, o) in states.items()
-                }
+                states = {n: (self._stage(m, n), _clone_tensors(o)) for n, (m, o) in states.items()}
                 self._start(lambda: self._write_replicated(request, tmp, final, states, rng))
             else:
                 self._write_replicated(request, tmp, final, states, rng)
