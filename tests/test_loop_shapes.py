@@ -161,6 +161,10 @@ def test_global_batch_derives_grad_accum() -> None:
             run.loader(dataset(64), batch_size=8)
     with pytest.raises(ConfigError, match="Pass one of them"):
         pt.Run(strategy="cpu", global_batch=32, grad_accum=2)
+    with pt.Run(strategy="cpu", global_batch=32, per_rank_batch=4, progress=False) as run:
+        assert run.loop.grad_accum == 8  # a loop that draws its own batches (no run.loader)
+        with pytest.raises(ConfigError, match="Use the same per-rank batch"):
+            run.loader(dataset(64), batch_size=8)
 
 
 def test_rank_seed_is_the_seed_on_rank_zero() -> None:

@@ -40,6 +40,9 @@ class RunConfig:
     global_batch: int | None = None
     """Samples per optimizer step over all ranks. When set, grad_accum is derived from it at
     the first ``run.loader`` (global batch / (per-rank batch x world size)); it must divide."""
+    per_rank_batch: int | None = None
+    """Samples per rank per micro-batch, for loops that draw their own batches (no
+    ``run.loader``): with ``global_batch`` it sets grad_accum when the Run starts."""
     max_grad_norm: float | None = None
     """Clip the global gradient norm to this value before each step (after unscaling)."""
     seed: int = 0
@@ -100,6 +103,8 @@ class RunConfig:
         if self.comm_hook is not None:
             _one_of("comm_hook", self.comm_hook, COMM_HOOKS)
         _positive_int("grad_accum", self.grad_accum, "grad_accum=1 steps after every micro-batch")
+        if self.per_rank_batch is not None:
+            _positive_int("per_rank_batch", self.per_rank_batch, "or None to take run.loader's")
         if self.global_batch is not None:
             _positive_int("global_batch", self.global_batch, "or None to use grad_accum")
             if self.grad_accum != 1:

@@ -133,6 +133,8 @@ class Run:
         self._store: CheckpointStore | None = None
         self._batch_reported = False
         self._gloo: Any = None
+        if self.config.per_rank_batch is not None:
+            self._hooks.first_loader(self.config.per_rank_batch)
         self._stats = (
             StatsWriter(
                 self.layout.stats, rank=self.rank, every=self.config.stats_every, device=self.device
@@ -302,6 +304,12 @@ class Run:
         """A training loader: ``batch_size`` samples per rank, sharded and reshuffled each epoch.
 
         Its position is saved by every checkpoint and restored by a resume."""
+        declared = self.config.per_rank_batch
+        if declared is not None and batch_size != declared:
+            raise ConfigError(
+                f"run.loader(batch_size={batch_size}) but per_rank_batch={declared} was set: "
+                "grad_accum was derived from it. Use the same per-rank batch in both places."
+            )
         loader = self._build(dataset, batch_size, True, shuffle, drop_last, dataloader_kwargs)
         self._hooks.first_loader(batch_size)
         self.tracked.add_loader(loader)
