@@ -48,6 +48,7 @@ def main() -> None:
     parser.add_argument("--kill-step", type=int, default=-1)
     args = parser.parse_args()
     max_iters, eval_interval, micro = 12, 4, 4
+    kill = (args.kill_rank, args.kill_step)
     run = pt.Run(
         global_batch=16,
         per_rank_batch=micro,
@@ -79,9 +80,9 @@ def main() -> None:
             model.train()
             best_val = min(best_val, val)
             run.save(extras={"model_args": model_args, "best_val_loss": best_val})
-        if run.restart_count == 0 and run.rank == args.kill_rank:
-            if run.global_step == args.kill_step:
-                os.kill(os.getpid(), signal.SIGKILL)
+        killed = (run.restart_count, run.rank, run.global_step) == (0, *kill)
+        if killed:
+            os.kill(os.getpid(), signal.SIGKILL)
     run.save_weights(model, run.run_dir / "final.pt")
     run.close()
 
