@@ -2,7 +2,7 @@
 
     crc, size = write_safetensors(path, {"w": tensor})     # fsynced; crc computed during fsync
     crc_file(path)                                          # the same value, read back
-    commit_dir(tmp, final)                                  # rename + fsync of the parent
+    atomic_torch_save(obj, path)                            # temp file, fsync, rename, fsync dir
 
 CRC32 (zlib, several GB/s) is computed while the kernel flushes the file, so checksums cost
 almost nothing on top of a plain write + fsync.

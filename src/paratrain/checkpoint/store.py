@@ -62,7 +62,8 @@ class SaveRequest:
     units: list[tuple[str, nn.Module, list[Optimizer]]]
     """(name, unwrapped model, its optimizers) for every model."""
     trainer: dict[str, Any]
-    """Plain data: loop, schedulers, scaler, extras (RNG is added by the store)."""
+    """Plain data: loop, loaders, schedulers, scaler, extras, and this rank's RNG states under
+    ``"rng"``, which the store gathers from every rank (rank ``r``'s at index ``r``)."""
     manifest: Manifest
     sharded: bool
 
@@ -102,6 +103,12 @@ class CheckpointStore:
         self._pending = _Pending()
         self._async_group: Any = None
         self._staging: dict[str, torch.Tensor] = {}
+
+    def __repr__(self) -> str:
+        return (
+            f"CheckpointStore({str(self.directory)!r}, keep_last={self.keep_last}, "
+            f"checkpoints={len(self.committed())})"
+        )
 
     # -- saving ---------------------------------------------------------------------------
     def save(self, request: SaveRequest, *, background: bool = False) -> Path | None:
