@@ -220,3 +220,21 @@ def test_run_reports_its_run_dir_to_the_launcher(
         pass
     report = read_report(tmp_path / "report.json")
     assert report is not None and report["run_dir"] == str((tmp_path / "mine").resolve())
+
+
+def test_a_failing_start_leaves_no_process_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch.distributed as dist
+
+    from paratrain import console
+    from paratrain.errors import ParatrainError
+
+    def no_tensorboard(log_dir: Path) -> None:
+        raise EnvironmentMismatchError("tensorboard=True needs the tensorboard package")
+
+    monkeypatch.setattr(console, "_summary_writer", no_tensorboard)
+    with pytest.raises(ParatrainError, match="tensorboard"):
+        pt.Run(strategy="ddp", tensorboard=True)
+    assert not dist.is_initialized()
+    with pt.Run(strategy="ddp", progress=False) as run:  # and the next Run starts cleanly
+        assert run.world_size == 1 and dist.is_initialized()
+    assert not dist.is_initialized()

@@ -96,6 +96,12 @@ class Run:
         selection = select_strategy(self.config, self.topology)
         self.strategy = selection.strategy
         self.precision = Precision(self.config.precision, self.device)
+        self.console = Console(
+            is_main=self.topology.is_main,
+            run_dir=self.layout.root,
+            tensorboard=self.config.tensorboard,
+            progress=self.config.progress,
+        )
         self._closed = False
         self._owns_group = False
         self._watchdog: Watchdog | None = None
@@ -104,12 +110,6 @@ class Run:
         except BaseException:
             self.close()
             raise
-        self.console = Console(
-            is_main=self.topology.is_main,
-            run_dir=self.layout.root,
-            tensorboard=self.config.tensorboard,
-            progress=self.config.progress,
-        )
         seed_everything(self.config.seed)
         self.loop = LoopState(grad_accum=self.config.grad_accum)
         """Epoch, step and grad_accum (saved by every checkpoint)."""
