@@ -238,3 +238,23 @@ def test_a_failing_start_leaves_no_process_group(monkeypatch: pytest.MonkeyPatch
     with pt.Run(strategy="ddp", progress=False) as run:  # and the next Run starts cleanly
         assert run.world_size == 1 and dist.is_initialized()
     assert not dist.is_initialized()
+
+
+def test_changed_global_batch_is_reported_when_the_loader_comes_after_resume(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pt.Run(strategy="cpu", ckpt_dir=tmp_path, progress=False, grad_accum=2) as run:
+        model = run.setup(mlp())
+        run.loader(dataset(16), batch_size=4)
+        run.save()
+    with pt.Run(strategy="cpu", ckpt_dir=tmp_path, progress=False) as run:
+        run.setup(mlp())
+        run.resume(keep_global_batch=True)  # ImageNet order: resume, then build the loaders
+        run.loader(dataset(16), batch_size=4)
+        assert run.loop.grad_accum == 2
+    with pt.Run(strategy="cpu", ckpt_dir=tmp_path, progress=False) as run:
+        run.setup(mlp())
+        run.resume()
+        run.loader(dataset(16), batch_size=4)
+    assert "global batch changed from 8 (saved) to 4" in capsys.readouterr().err
+    assert model is not None

@@ -87,6 +87,7 @@ class LoopHooks:
     def __init__(self, run: _RunParts) -> None:
         self.run = run
         self._in_pass: dict[int, tuple[int, int]] = {}
+        self._saved_global_batch: tuple[int | None, bool] | None = None
 
     # -- data.LoaderHooks ------------------------------------------------------------------
     def current_epoch(self) -> int:
@@ -143,6 +144,8 @@ class LoopHooks:
             warn=run.console.warn,
         )
         run._rank_streams = True  # generators come from the checkpoint (or stay as they are)
+        if resumed is not None and not any(ld.train for ld in run.tracked.loaders):
+            self._saved_global_batch = (resumed.manifest.global_batch, keep_global_batch)
         run._resumed_at_step = run.loop.global_step
         self._in_pass.clear()
         if restarted and not run._restart_recorded:
@@ -179,6 +182,20 @@ class LoopHooks:
                     "global batch that it divides, or another per-rank batch."
                 )
             run.set_grad_accum(accum)
+        if self._saved_global_batch is not None:  # resumed before the loader existed
+            saved, keep = self._saved_global_batch
+            self._saved_global_batch = None
+            accum = checkpoints.keep_or_report_global_batch(
+                saved,
+                per_rank=batch_size,
+                world=world,
+                accum=run.loop.grad_accum,
+                keep=keep,
+                say=run.console.print,
+                warn=run.console.warn,
+            )
+            if accum != run.loop.grad_accum:
+                run.set_grad_accum(accum)
         accum = run.loop.grad_accum
         run.console.print(
             f"paratrain: global batch {batch_size * world * accum} = per-rank batch "

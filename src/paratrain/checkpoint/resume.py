@@ -198,7 +198,18 @@ def resume(
             f"{pieces.layout.world_size}: random generators re-derived from (seed, step, rank)"
         )
     identity.lineage = manifest.lineage or manifest.run_id
-    grad_accum = _global_batch(pieces, manifest, keep_global_batch, say, warn)
+    loaders = [ld for ld in pieces.tracked.loaders if ld.train]
+    grad_accum = pieces.loop.grad_accum
+    if loaders:  # else checked when the first training loader is made
+        grad_accum = keep_or_report_global_batch(
+            manifest.global_batch,
+            per_rank=loaders[0].loader.batch_size or 1,
+            world=pieces.layout.world_size,
+            accum=grad_accum,
+            keep=keep_global_batch,
+            say=say,
+            warn=warn,
+        )
     origin = (
         "" if manifest.run_id in ("", identity.run_id) else f", written by run {manifest.run_id}"
     )
@@ -273,31 +284,27 @@ def _apply_or_defer(tracked: Tracked, kind: str, name: str, obj: Any, state: Any
         tracked.defer(f"{kind}:{name}", lambda o: o.load_state_dict(state))
 
 
-def _global_batch(pieces: Pieces, manifest: Manifest, keep: bool, say: Any, warn: Any) -> int:
-    loaders = [ld for ld in pieces.tracked.loaders if ld.train]
-    accum = pieces.loop.grad_accum
-    if manifest.global_batch is None or not loaders:
-        return accum
-    per_rank = loaders[0].loader.batch_size or 1
-    world = pieces.layout.world_size
+def keep_or_report_global_batch(
+    saved: int | None, *, per_rank: int, world: int, accum: int, keep: bool, say: Any, warn: Any
+) -> int:
+    """grad_accum to use: unchanged, or (``keep``) the one that keeps the saved global batch."""
     now = per_rank * world * accum
-    if now == manifest.global_batch:
+    if saved is None or now == saved:
         return accum
     if not keep:
         warn(
-            f"global batch changed from {manifest.global_batch} (saved) to {now}; "
+            f"global batch changed from {saved} (saved) to {now}; "
             "pass keep_global_batch=True to run.resume to keep it via grad_accum"
         )
         return accum
-    new, rest = divmod(manifest.global_batch, per_rank * world)
+    new, rest = divmod(saved, per_rank * world)
     if rest or new < 1:
         raise CheckpointError(
-            f"Cannot keep the global batch {manifest.global_batch}: per-rank batch {per_rank} x "
-            f"world size {world} does not divide it. Choose a per-rank batch that does."
+            f"Cannot keep the global batch {saved}: per-rank batch {per_rank} x world size "
+            f"{world} does not divide it. Choose a per-rank batch that does."
         )
     say(
-        f"paratrain: grad_accum set to {new} to keep the global batch "
-        f"{manifest.global_batch} at world size {world}"
+        f"paratrain: grad_accum set to {new} to keep the global batch {saved} at world size {world}"
     )
     return new
 
