@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from paratrain.run_dir import RunDir
+
 SCRIPT = Path(__file__).with_name("chaos_train.py")
 STEPS = 36  # 3 epochs x 96 samples / (2 ranks x 4)
 
@@ -58,7 +60,7 @@ def trial(
     if proc.returncode != 0 or not (run_dir / "final.pt").exists():
         print(proc.stdout[-2000:], proc.stderr[-4000:], file=sys.stderr)
         return False
-    restarts = [json.loads(x) for x in (run_dir / "restarts.jsonl").read_text().splitlines()]
+    restarts = [json.loads(x) for x in RunDir(run_dir).restarts.read_text().splitlines()]
     got = final_weights(run_dir)
     same = all(torch.equal(got[k], reference[k]) for k in reference)
     ok = same and len(restarts) == 1 and restarts[0]["resumed"] == (step >= 2)

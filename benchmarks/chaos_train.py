@@ -14,7 +14,6 @@ import argparse
 import os
 import signal
 import sys
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -48,7 +47,7 @@ def main() -> None:
                 ):
                     sys.stdout.flush()
                     os.kill(os.getpid(), signal.SIGKILL)
-        run.save_weights(model, Path(run.config.run_dir) / "final.pt")
+        run.save_weights(model, run.run_dir / "final.pt")
 
 
 if __name__ == "__main__":

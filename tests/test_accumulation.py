@@ -31,7 +31,7 @@ def test_nested_blocks_of_one_model_are_refused() -> None:
     windows = Windows(every=2)
     windows.begin(1, last=False)
     windows.begin(2, last=False)  # another model may nest (D(G(z)))
-    with pytest.raises(ConfigError, match="inside a run.accumulate block of the same model"):
+    with pytest.raises(ConfigError, match="of the same model"):
         windows.begin(1, last=False)
 
 

@@ -1,7 +1,9 @@
+from pathlib import Path
+
 import pytest
 
 from paratrain.errors import ConfigError
-from paratrain.topology import Topology, first_host
+from paratrain.topology import Topology, first_host, slurm_rendezvous_port
 
 
 def test_single_process_without_launcher() -> None:
@@ -38,6 +40,57 @@ def test_slurm_variables_pick_first_host_and_local_rank() -> None:
     assert (topo.rank, topo.local_rank, topo.world_size, topo.local_world_size) == (5, 1, 8, 4)
     assert topo.master_addr == "gpu07" and topo.source == "slurm"
     assert topo.master_port == 20000 + 123456 % 10000
+
+
+BARE = {"RANK": "5", "WORLD_SIZE": "8", "MASTER_PORT": "29500"}
+"""What a launcher without torchrun sets (a Kubeflow PyTorchJob, a hand-rolled script)."""
+
+
+@pytest.mark.parametrize(
+    "extra,local_rank,local_world",
+    [
+        ({"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "node0"}, 1, 4),
+        ({"LOCAL_RANK": "0", "MASTER_ADDR": "trainer-master-0"}, 0, 1),  # one process per pod
+        ({"LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "node0"}, 1, 4),  # rank 5 % 4
+        ({"LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1"}, 1, 2),
+        ({"MASTER_ADDR": "127.0.0.1"}, 5, 8),  # loopback: every rank on this machine
+        ({"MASTER_ADDR": "localhost"}, 5, 8),
+        ({"MASTER_ADDR": "::1"}, 5, 8),
+        ({}, 5, 8),  # no MASTER_ADDR: the rendezvous defaults to loopback
+    ],
+)
+def test_local_rank_for_launchers_without_torchrun(
+    extra: dict[str, str], local_rank: int, local_world: int
+) -> None:
+    topo = Topology.from_env({**BARE, **extra})
+    assert (topo.rank, topo.local_rank, topo.local_world_size) == (5, local_rank, local_world)
+
+
+@pytest.mark.parametrize("master", ["node0", "10.0.0.1", "trainer-master-0.svc"])
+def test_several_machines_without_local_variables_name_the_fix(master: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        Topology.from_env({**BARE, "MASTER_ADDR": master})
+    message = str(err.value)
+    assert "LOCAL_RANK" in message and "LOCAL_WORLD_SIZE" in message and master in message
+    assert "torchrun" in message and "paratrain run" in message
+
+
+def test_one_process_needs_no_local_variables() -> None:
+    topo = Topology.from_env({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "node0"})
+    assert (topo.local_rank, topo.local_world_size) == (0, 1)
+
+
+def test_slurm_port_is_one_formula_for_run_and_topology(tmp_path: Path) -> None:
+    from paratrain.launcher.plan import RunOptions, make_plan
+
+    env = {"SLURM_JOB_ID": "777123", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "gpu[1-2]"}
+    script = tmp_path / "train.py"
+    script.write_text("")
+    plan = make_plan(RunOptions(target=[str(script)], nproc="1"), env=env, gpus=0)
+    topo = Topology.from_env({**env, "SLURM_PROCID": "0", "SLURM_NTASKS": "2"})
+    assert slurm_rendezvous_port(env) == 27123
+    assert plan.endpoint == f"gpu1:{slurm_rendezvous_port(env)}"
+    assert topo.master_port == slurm_rendezvous_port(env)
 
 
 def test_torchrun_wins_over_slurm() -> None:

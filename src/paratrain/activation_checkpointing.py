@@ -24,9 +24,7 @@ def _checkpointed_class(cls: type[nn.Module]) -> type[nn.Module]:
 
         def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
             original = cls.forward.__get__(self)
-            return torch.utils.checkpoint.checkpoint(
-                original, *args, use_reentrant=False, **kwargs
-            )
+            return torch.utils.checkpoint.checkpoint(original, *args, use_reentrant=False, **kwargs)
 
         checkpointed = type(cls.__name__, (cls,), {"forward": forward, "_paratrain_ac": True})
         checkpointed.__qualname__ = cls.__qualname__

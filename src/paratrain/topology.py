@@ -2,7 +2,9 @@
 
 Read from torchrun's variables (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT),
 from Slurm's (SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS, SLURM_NTASKS_PER_NODE, SLURM_JOB_NODELIST),
-or, with neither, a single process::
+or, with neither, a single process. A launcher that sets only RANK, WORLD_SIZE and MASTER_* (a
+Kubeflow PyTorchJob without torchrun) must also set LOCAL_RANK or LOCAL_WORLD_SIZE unless all
+ranks meet on a loopback MASTER_ADDR (one machine); otherwise the local rank is unknown::
 
     topo = Topology.from_env()
     topo.rank, topo.world_size, topo.source    # 0, 1, "none" for `python train.py`
@@ -12,6 +14,7 @@ The GPU of a rank is chosen by its **local** rank: rank 9 on 8-GPU machines uses
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from collections.abc import Mapping
@@ -87,18 +90,68 @@ def _int(env: Mapping[str, str], key: str, default: int | None = None) -> int:
 
 def _from_torchrun(env: Mapping[str, str]) -> Topology:
     rank, world = _int(env, "RANK"), _int(env, "WORLD_SIZE")
-    local_world = _int(env, "LOCAL_WORLD_SIZE", world)
+    master = env.get("MASTER_ADDR", "127.0.0.1")
+    local_rank, local_world = _local(env, rank, world, master)
     topo = Topology(
         rank=rank,
-        local_rank=_int(env, "LOCAL_RANK", rank % local_world),
+        local_rank=local_rank,
         world_size=world,
         local_world_size=local_world,
-        master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+        master_addr=master,
         master_port=_int(env, "MASTER_PORT", 29500),
         source="torchrun",
     )
     _check(topo)
     return topo
+
+
+def _local(env: Mapping[str, str], rank: int, world: int, master: str) -> tuple[int, int]:
+    """(local rank, local world size), also for launchers that set only RANK and WORLD_SIZE.
+
+    LOCAL_RANK wins; else LOCAL_WORLD_SIZE gives ``rank % local world``. Without either, the
+    layout is known only for one process or a group that meets on loopback (one machine);
+    anything else (a Kubeflow PyTorchJob without torchrun, a hand-rolled launcher on several
+    machines) would put ranks on the wrong GPU, so it is an error that names the fix.
+    """
+    single_node = world == 1 or _is_loopback(master)
+    if "LOCAL_RANK" in env:
+        local_rank = _int(env, "LOCAL_RANK")
+        # Without LOCAL_WORLD_SIZE on several machines: at least this many ranks share it.
+        fallback = world if single_node else local_rank + 1
+        return local_rank, _int(env, "LOCAL_WORLD_SIZE", fallback)
+    if "LOCAL_WORLD_SIZE" in env:
+        local_world = _int(env, "LOCAL_WORLD_SIZE")
+        if local_world < 1:
+            raise ConfigError(f"LOCAL_WORLD_SIZE={local_world} must be >= 1. Unset or fix it.")
+        return rank % local_world, local_world
+    if single_node:
+        return rank, world
+    raise ConfigError(
+        f"RANK and WORLD_SIZE are set (rank {rank} of {world}) but LOCAL_RANK and "
+        f"LOCAL_WORLD_SIZE are not, and MASTER_ADDR={master!r} is not a loopback address, so "
+        "the ranks may span several machines and this process's local rank (its GPU) is "
+        "unknown. Set LOCAL_RANK and LOCAL_WORLD_SIZE in the launcher (LOCAL_RANK=0 "
+        "LOCAL_WORLD_SIZE=1 for one process per machine, as in a Kubeflow PyTorchJob without "
+        "torchrun), or launch with torchrun or `paratrain run`, which set them."
+    )
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def slurm_rendezvous_port(env: Mapping[str, str]) -> int:
+    """The rendezvous port of a Slurm job: one per job id, so two jobs on a node do not collide.
+
+    >>> slurm_rendezvous_port({"SLURM_JOB_ID": "123456"})
+    23456
+    """
+    return 20000 + _int(env, "SLURM_JOB_ID", 9500) % 10000
 
 
 def _from_slurm(env: Mapping[str, str]) -> Topology:
@@ -113,8 +166,7 @@ def _from_slurm(env: Mapping[str, str]) -> Topology:
         world_size=world,
         local_world_size=per_node,
         master_addr=env.get("MASTER_ADDR") or first_host(nodelist),
-        # A port derived from the job id keeps two jobs on one node from colliding.
-        master_port=_int(env, "MASTER_PORT", 20000 + _int(env, "SLURM_JOB_ID", 9500) % 10000),
+        master_port=_int(env, "MASTER_PORT", slurm_rendezvous_port(env)),
         source="slurm",
     )
     _check(topo)

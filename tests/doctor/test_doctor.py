@@ -8,9 +8,11 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from rich.console import Console
 
 from paratrain.doctor import checks, facts
 from paratrain.doctor.command import build_report
@@ -135,3 +137,38 @@ def test_broken_torch_is_reported_not_crashed(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2 and "paratrain doctor" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "name,cc,tflops,status,needle",
+    [
+        ("NVIDIA H100 80GB HBM3", (9, 0), 700.0, "OK", "50% of the H100 SXM's 989"),
+        ("NVIDIA H100 80GB HBM3", (9, 0), 300.0, "WARN", ">= 494 TFLOP/s"),
+        ("NVIDIA H100 PCIe", (9, 0), 300.0, "WARN", "H100 PCIe's 756"),
+        ("NVIDIA A100-SXM4-80GB", (8, 0), 200.0, "OK", "A100's 312"),
+        ("NVIDIA L40", (8, 9), 100.0, "OK", "L40's 181"),  # not taken for an L4
+        ("NVIDIA GeForce GTX 1080", (6, 1), 8.0, "INFO", "unknown GPU"),
+        ("NVIDIA A100-SXM4-80GB", (9, 9), 200.0, "INFO", "no verdict"),  # name and cc disagree
+    ],
+)
+def test_gpu_matmul_is_judged_against_the_devices_peak(
+    name: str, cc: tuple[int, int], tflops: float, status: str, needle: str
+) -> None:
+    from paratrain.doctor.measure import gpu_matmul_verdict
+
+    props = SimpleNamespace(name=name, major=cc[0], minor=cc[1])
+    result = gpu_matmul_verdict(props, tflops)
+    assert result["status"] == status and needle in result["expected"]
+    assert result["value"] == tflops and result["unit"] == "TFLOP/s"
+
+
+def test_a_failed_all_reduce_measurement_says_why() -> None:
+    from paratrain.doctor import measure, render
+
+    result = measure.allreduce("no-such-backend")
+    assert result["status"] == "FAIL" and result["value"] is None
+    assert result["detail"][:7] in ("rank 0:", "rank 1:") and "no-such-backend" in result["detail"]
+    report = {"facts": facts.gather(), "checks": [], "measurements": [result]}
+    console = Console(record=True, width=200)
+    render.show(report, console)
+    assert "no-such-backend" in console.export_text()

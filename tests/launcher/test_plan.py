@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from paratrain.errors import ConfigError, EnvironmentMismatchError
-from paratrain.launcher.command import failure_summary
+from paratrain.launcher.command import failure_message, failure_summary, reported_run_dir
 from paratrain.launcher.plan import RunOptions, make_plan
 
 
@@ -23,8 +23,18 @@ def test_single_node_cpu(script: Path) -> None:
     plan = make_plan(RunOptions(target=[str(script), "--lr", "3"], nproc="2"), env={}, gpus=0)
     assert plan.argv[1:4] == ["-m", "torch.distributed.run", "--nproc-per-node=2"]
     assert "--standalone" in plan.argv and plan.argv[-3:] == [str(script), "--lr", "3"]
-    assert plan.backend == "gloo" and plan.env["PARATRAIN_RUN_DIR"] == "runs/paratrain"
-    assert "2 rank(s)" in plan.describe()
+    assert plan.backend == "gloo" and "2 rank(s)" in plan.describe()
+
+
+def test_run_dir_and_report_reach_the_ranks_only_when_given(script: Path, tmp_path: Path) -> None:
+    plain = make_plan(RunOptions(target=[str(script)], nproc="1"), env={}, gpus=0)
+    assert set(plain.env) == {"OMP_NUM_THREADS"}  # the script's run_dir= (or default) decides
+    given = RunOptions(
+        target=[str(script)], nproc="1", run_dir=tmp_path / "exp", report=tmp_path / "r.json"
+    )
+    env = make_plan(given, env={"OMP_NUM_THREADS": "4"}, gpus=0).env
+    assert env["PARATRAIN_RUN_DIR"] == str(tmp_path / "exp")
+    assert env["PARATRAIN_REPORT"] == str(tmp_path / "r.json") and env["OMP_NUM_THREADS"] == "4"
 
 
 def test_auto_nproc_without_gpus_says_so(script: Path) -> None:
@@ -107,3 +117,16 @@ def test_failure_summary_names_rank_and_signal() -> None:
 """
     assert failure_summary(report) == "rank 1 (local rank 1) was killed by SIGKILL"
     assert failure_summary("no report") is None
+
+
+def test_failure_message_points_only_at_a_known_run_dir(tmp_path: Path) -> None:
+    known = failure_message(1, "", tmp_path, 2)
+    assert "torchrun exited with code 1, after 2 restart(s)" in known
+    assert f"are in {tmp_path}" in known and "--max-restarts K" in known
+    unknown = failure_message(1, "", None, 0)
+    assert "reported no run dir" in unknown and "runs/" not in unknown
+    other_node = failure_message(1, "", None, 0, node_rank=1)
+    assert "node 0's paratrain run names the run dir" in other_node
+    (tmp_path / "r.json").write_text('{"run_dir": "/abs/run"}')
+    assert reported_run_dir(tmp_path / "r.json", known=None) == Path("/abs/run")
+    assert reported_run_dir(tmp_path / "missing.json", known=tmp_path) == tmp_path

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,17 @@ def test_cli_once_json_and_bad_dir(tmp_path: Path, capsys: pytest.CaptureFixture
     with pytest.raises(SystemExit) as info:
         main(["monitor", str(tmp_path / "nothing"), "--once"])
     assert info.value.code == 2 and "no stats/ folder" in capsys.readouterr().err.replace("\n", " ")
+
+
+def test_missing_nvidia_ml_py_gets_a_hint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` now fails
+    run_dir = _write(tmp_path / "job", [{"rank": 0}])
+    snap = snapshot(run_dir)
+    assert snap["gpus"] == [] and "pip install 'paratrain[gpu]'" in snap["gpu_note"]
+    assert main(["monitor", str(run_dir), "--once"]) == 0
+    assert "pip install 'paratrain[gpu]'" in " ".join(capsys.readouterr().out.split())
 
 
 def test_runtime_writes_stats(tmp_path: Path) -> None:

@@ -21,12 +21,10 @@ from paratrain.bench.measure import Settings
 from paratrain.bench.models import build_spec
 from paratrain.bench.runner import make_plan, run_plan
 from paratrain.config import PRECISIONS
+from paratrain.doctor.peaks import Peak, bf16_peak
 from paratrain.errors import ConfigError
 from paratrain.strategies import STRATEGY_NAMES
 from paratrain.version import __version__
-
-# Dense bf16/fp16 tensor-core peaks, for model FLOP utilisation on GPUs paratrain knows.
-PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0}
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -131,13 +129,12 @@ def run_bench(args: argparse.Namespace) -> int:
         progress=lambda m: print(f"paratrain bench: {m}", file=sys.stderr, flush=True),
     )
     flops = flops_per_sample(margs)
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-    peak = next((v for k, v in PEAK_TFLOPS.items() if k in device), None)
+    device, peak = _device_peak()
     for row in rows:
         if "samples_per_s" in row:
             row["model_tflops"] = flops * row["samples_per_s"] / 1e12
             if peak and row["precision"] != "fp32":
-                row["mfu"] = row["model_tflops"] / (peak * row["nproc"])
+                row["mfu"] = row["model_tflops"] / (peak.tflops * row["nproc"])
     meta = {
         "paratrain": __version__,
         "torch": torch.__version__,
@@ -155,6 +152,14 @@ def run_bench(args: argparse.Namespace) -> int:
         outputs.append(_profile(rows, margs, settings, run_dir))
     print("\n" + "\n".join(f"wrote {p}" for p in outputs))
     return 0
+
+
+def _device_peak() -> tuple[str, Peak | None]:
+    """This machine's device name and, for a GPU paratrain knows, its bf16 datasheet peak."""
+    if not torch.cuda.is_available():
+        return "cpu", None
+    name = torch.cuda.get_device_name(0)
+    return name, bf16_peak(name, torch.cuda.get_device_capability(0))
 
 
 def _print_flops(rows: list[dict[str, Any]]) -> None:

@@ -9,23 +9,19 @@ GPUs) that measures all of its configurations; the parent collects rank 0's numb
 
 from __future__ import annotations
 
-import datetime
-import multiprocessing as mp
 import os
-import tempfile
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from paratrain.bench.measure import Config, Settings, measure_config
 from paratrain.bench.models import build_spec
 from paratrain.config import RunConfig
 from paratrain.errors import ParatrainError
-from paratrain.precision import Precision
-from paratrain.strategies import select_strategy
-from paratrain.topology import Topology
+from paratrain.launcher.preflight import preflight
+from paratrain.launcher.ranks import FileGroup, RankFailedError, spawn_ranks
 
 
 def make_plan(
@@ -43,83 +39,56 @@ def make_plan(
 
 
 def _why_not(config: Config, gpus: int) -> str | None:
-    topology = Topology(
-        rank=0,
-        local_rank=0,
-        world_size=config.nproc,
-        local_world_size=config.nproc,
-        master_addr="127.0.0.1",
-        master_port=0,
-        source="torchrun" if config.nproc > 1 else "none",
-    )
     try:
-        run_config = RunConfig(strategy=config.strategy, precision=config.precision)
-        selection = select_strategy(run_config, topology, gpus)
-        Precision(config.precision, selection.strategy.device)
+        preflight(
+            RunConfig(strategy=config.strategy, precision=config.precision),
+            nproc=config.nproc,
+            gpus=gpus,
+        )
     except ParatrainError as err:
         return str(err).split(". ")[0] + "."
     return None
 
 
-def _rank(
-    rank: int,
-    world: int,
-    init: str,
-    configs: list[Config],
-    model_args: dict[str, Any],
-    settings: Settings,
-    out: Any,
-) -> None:
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend == "nccl":
-        torch.cuda.set_device(rank % torch.cuda.device_count())
-    dist.init_process_group(
-        backend,
-        init_method=f"file://{init}",
-        rank=rank,
-        world_size=world,
-        timeout=datetime.timedelta(minutes=5),
-    )
-    try:
-        spec = build_spec(**model_args)
-        for config in configs:
-            try:
-                result: dict[str, Any] = measure_config(spec, config, settings)
-            except ParatrainError as err:
-                result = {"error": str(err)}
-            if rank == 0:
-                out.put((config, result))
-    finally:
-        dist.destroy_process_group()
+def _measure_group(
+    configs: list[Config], model_args: dict[str, Any], settings: Settings
+) -> list[tuple[Config, dict[str, Any]]]:
+    """One rank of a group (the spawner built the process group); rank 0 returns the rows."""
+    spec = build_spec(**model_args)
+    rows = []
+    for config in configs:
+        try:
+            result: dict[str, Any] = measure_config(spec, config, settings)
+        except ParatrainError as err:
+            result = {"error": str(err)}
+        rows.append((config, result))
+    return rows
 
 
 def run_group(
     nproc: int, configs: list[Config], model_args: dict[str, Any], settings: Settings
 ) -> list[tuple[Config, dict[str, Any]]]:
     """Measure ``configs`` on ``nproc`` freshly spawned ranks."""
-    ctx = mp.get_context("spawn")
-    out = ctx.SimpleQueue()
-    with tempfile.TemporaryDirectory() as tmp:
-        init = os.path.join(tmp, "init")
-        procs = [
-            ctx.Process(target=_rank, args=(r, nproc, init, configs, model_args, settings, out))
-            for r in range(nproc)
-        ]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join()
-    results = []
-    while not out.empty():
-        results.append(out.get())
-    failed = [p.exitcode for p in procs if p.exitcode]
-    if failed and len(results) < len(configs):
-        raise ParatrainError(
-            f"A benchmark rank failed (exit codes {failed}) with {nproc} "
-            "ranks; its traceback is above. Try fewer ranks or a smaller model."
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    try:
+        values = spawn_ranks(
+            _measure_group,
+            nproc,
+            (configs, model_args, settings),
+            start_method="spawn",
+            group=FileGroup(backend=backend, timeout_s=300),
+            timeout_s=None,  # a large model may take long; a dead rank still ends the group
+            threads=max(1, (os.cpu_count() or 1) // nproc),
+            results="main",
         )
-    return results
+    except RankFailedError as err:
+        print(err, file=sys.stderr, flush=True)
+        raise ParatrainError(
+            f"A benchmark rank failed with {nproc} ranks (rank {err.rank}; its traceback is "
+            "above). Try fewer ranks or a smaller model."
+        ) from err
+    rows: list[tuple[Config, dict[str, Any]]] = values[0]
+    return rows
 
 
 def run_plan(

@@ -19,9 +19,9 @@ from paratrain.config import RunConfig
 from paratrain.data import check_batch_size
 from paratrain.demo.plot import plot_curves
 from paratrain.errors import ConfigError, ParatrainError
-from paratrain.precision import Precision
-from paratrain.strategies import select_strategy
-from paratrain.topology import Topology
+from paratrain.launcher.plan import RunOptions, make_plan
+from paratrain.launcher.preflight import preflight
+from paratrain.run_dir import RunDir
 
 TARGET_ACCURACY = 0.95
 
@@ -63,34 +63,16 @@ def _preflight(args: argparse.Namespace) -> int:
     if args.epochs < 1:
         raise ConfigError(f"--epochs must be >= 1, got {args.epochs}.")
     gpus = torch.cuda.device_count()
-    nproc = args.nproc if args.nproc is not None else (gpus or 2)
+    nproc: int = args.nproc if args.nproc is not None else (gpus or 2)
     if nproc < 1:
         raise ConfigError(f"--nproc must be >= 1, got {nproc}.")
-    topology = Topology(
-        rank=0,
-        local_rank=0,
-        world_size=nproc,
-        local_world_size=nproc,
-        master_addr="127.0.0.1",
-        master_port=0,
-        source="torchrun" if nproc > 1 else "none",
-    )
-    selection = select_strategy(config, topology, gpus)
-    Precision(config.precision, selection.strategy.device)
+    preflight(config, nproc=nproc, gpus=gpus)
     return nproc
 
 
-def run_demo(args: argparse.Namespace) -> int:
-    """Train, reload, compare, plot; exit code 0 when both accuracies reach the target."""
-    nproc = _preflight(args)
-    run_dir = args.run_dir or Path("runs/demo") / time.strftime("%Y%m%d-%H%M%S")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if any(run_dir.iterdir()):
-        raise ConfigError(
-            f"--run-dir {run_dir} is not empty. Pass a new folder, or leave "
-            "--run-dir out to get a fresh one under runs/demo/."
-        )
-    job = [
+def _job_args(args: argparse.Namespace, run_dir: Path) -> list[str]:
+    """The options ``paratrain.demo.train`` gets on every rank."""
+    return [
         "--run-dir",
         str(run_dir),
         "--epochs",
@@ -104,20 +86,30 @@ def run_demo(args: argparse.Namespace) -> int:
         "--grad-accum",
         str(args.grad_accum),
     ] + (["--no-progress"] if args.no_progress else [])
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    """Train, reload, compare, plot; exit code 0 when both accuracies reach the target."""
+    nproc = _preflight(args)
+    run_dir = args.run_dir or Path("runs/demo") / time.strftime("%Y%m%d-%H%M%S")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if any(run_dir.iterdir()):
+        raise ConfigError(
+            f"--run-dir {run_dir} is not empty. Pass a new folder, or leave "
+            "--run-dir out to get a fresh one under runs/demo/."
+        )
+    # One node, whatever the environment says (a Slurm allocation included): the demo is local.
+    options = RunOptions(
+        target=["-m", "paratrain.demo.train", *_job_args(args, run_dir)],
+        nproc=str(nproc),
+        nnodes=1,
+        run_dir=run_dir,
+    )
+    plan = make_plan(options, env=os.environ, gpus=torch.cuda.device_count())
     print(f"paratrain demo: {nproc} rank(s) through torchrun, writing to {run_dir}", flush=True)
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    launch = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        "-m",
-        "paratrain.demo.train",
-        *job,
-    ]
+    env = {**os.environ, **plan.env}
     started = time.perf_counter()
-    if subprocess.run(launch, env=env).returncode != 0:
+    if subprocess.run(plan.argv, env=env).returncode != 0:
         raise ParatrainError("The demo's training ranks failed; their messages are above.")
     seconds = time.perf_counter() - started
     trained = json.loads((run_dir / "train_result.json").read_text())
@@ -130,7 +122,7 @@ def run_demo(args: argparse.Namespace) -> int:
     if reload.returncode != 0:
         raise ParatrainError(f"Reloading the saved weights failed:\n{reload.stderr.strip()}")
     reloaded = json.loads(reload.stdout)
-    curves = plot_curves(run_dir / "metrics.jsonl", run_dir / "curves.png")
+    curves = plot_curves(RunDir(run_dir).metrics, run_dir / "curves.png")
     return _report(trained, reloaded, seconds, run_dir, curves)
 
 
@@ -151,7 +143,7 @@ def _report(
         f"{reloaded['test_accuracy']:.4f}\n"
         f"  weights      {run_dir / 'model.pt'}\n"
         f"  curves       {curves}\n"
-        f"  tensorboard  tensorboard --logdir {run_dir / 'tensorboard'}\n"
+        f"  tensorboard  tensorboard --logdir {RunDir(run_dir).tensorboard}\n"
         f"  result       {'OK' if ok else 'BELOW'} (target >= {TARGET_ACCURACY})",
         flush=True,
     )

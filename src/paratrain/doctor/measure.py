@@ -1,19 +1,22 @@
 """Quick measurements (about 2 s on a laptop CPU): matmul, host->device copies, all-reduce.
 
 results = measure_all(facts)      # [{"name", "value", "unit", "expected", "status"}, ...]
+
+``status`` is OK or WARN against the expectation, FAIL when the measurement could not run (with
+a ``detail``), INFO when there is nothing to judge against (an unknown GPU).
 """
 
 from __future__ import annotations
 
-import datetime
-import multiprocessing as mp
 import os
-import tempfile
 import time
 from typing import Any
 
+from paratrain.doctor.peaks import bf16_peak
+
 GLOO_MIN_GBS = 0.5  # loopback gloo below this points at a misconfigured or overloaded host
 PCIE_MIN_GBS = 10.0  # pinned host->device copies on PCIe 3 x16 or better
+MATMUL_PEAK_FRACTION = 0.5  # a large bf16 matmul reaches 60-80% of the datasheet peak
 
 
 def _result(name: str, value: float, unit: str, expected: str, ok: bool) -> dict[str, Any]:
@@ -27,17 +30,18 @@ def _result(name: str, value: float, unit: str, expected: str, ok: bool) -> dict
 
 
 def matmul(device: str) -> dict[str, Any]:
-    """Dense matmul throughput: fp32 on CPU, bf16 on GPU."""
+    """Dense matmul throughput: fp32 on CPU, bf16 on GPU (judged against the GPU's peak)."""
     import torch
 
     n, dtype = (1024, torch.float32) if device == "cpu" else (8192, torch.bfloat16)
     a = torch.randn(n, n, device=device, dtype=dtype)
+    a @ a  # the first call picks kernels and allocates
+    _sync(device)
     reps, start = 0, time.perf_counter()
     while time.perf_counter() - start < 0.3:
         a @ a
+        _sync(device)
         reps += 1
-    if device != "cpu":
-        torch.cuda.synchronize()
     flops = 2 * n**3 * reps / (time.perf_counter() - start)
     if device == "cpu":
         return _result(
@@ -47,7 +51,41 @@ def matmul(device: str) -> dict[str, Any]:
             "> 1 GFLOP/s per core",
             flops / 1e9 > (os.cpu_count() or 1),
         )
-    return _result("matmul bf16 (cuda:0)", flops / 1e12, "TFLOP/s", "> 50% of the GPU's peak", True)
+    return gpu_matmul_verdict(torch.cuda.get_device_properties(0), flops / 1e12)
+
+
+def _sync(device: str) -> None:
+    if device != "cpu":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def gpu_matmul_verdict(props: Any, tflops: float) -> dict[str, Any]:
+    """Judge a bf16 matmul rate against the datasheet peak of the GPU ``props`` describes.
+
+    ``props`` is what ``torch.cuda.get_device_properties`` returns (``name``, ``major``,
+    ``minor``). An unknown GPU gets the measurement without a verdict (status ``INFO``).
+    """
+    name = "matmul bf16 (cuda:0)"
+    peak = bf16_peak(props.name, (props.major, props.minor))
+    if peak is None:
+        return {
+            "name": name,
+            "value": round(tflops, 2),
+            "unit": "TFLOP/s",
+            "expected": f"unknown GPU {props.name!r} (cc {props.major}.{props.minor}): no verdict",
+            "status": "INFO",
+        }
+    need = MATMUL_PEAK_FRACTION * peak.tflops
+    return _result(
+        name,
+        tflops,
+        "TFLOP/s",
+        f">= {need:.0f} TFLOP/s ({MATMUL_PEAK_FRACTION:.0%} of the {peak.name}'s "
+        f"{peak.tflops:.0f} TFLOP/s peak)",
+        tflops >= need,
+    )
 
 
 def host_to_device() -> list[dict[str, Any]]:
@@ -78,19 +116,13 @@ def host_to_device() -> list[dict[str, Any]]:
     return out
 
 
-def _allreduce_rank(rank: int, init: str, backend: str, out: Any) -> None:
+def _allreduce_bandwidth(backend: str) -> float | None:
+    """One rank of the measurement (the spawner built the group); rank 0 returns bytes/s."""
     import torch
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
+    rank = dist.get_rank()
     device = f"cuda:{rank}" if backend == "nccl" else "cpu"
-    dist.init_process_group(
-        backend,
-        init_method=f"file://{init}",
-        rank=rank,
-        world_size=2,
-        timeout=datetime.timedelta(seconds=30),
-    )
     t = torch.ones(8 * 2**20, device=device)  # 32 MiB of fp32
     dist.all_reduce(t)
     if backend == "nccl":
@@ -100,38 +132,39 @@ def _allreduce_rank(rank: int, init: str, backend: str, out: Any) -> None:
         dist.all_reduce(t)
     if backend == "nccl":
         torch.cuda.synchronize()
-    if rank == 0:
-        out.put(5 * t.numel() * 4 / (time.perf_counter() - start))
-    dist.destroy_process_group()
+    return 5 * t.numel() * 4 / (time.perf_counter() - start) if rank == 0 else None
 
 
 def allreduce(backend: str) -> dict[str, Any]:
     """All-reduce bus bandwidth over 2 local ranks (busbw = 2(n-1)/n x bytes / time)."""
-    # fork starts in ~0.1 s (CPU only); CUDA cannot be used in a forked child.
-    ctx: Any = mp.get_context("spawn" if backend == "nccl" else "fork")
-    out = ctx.SimpleQueue()
-    with tempfile.TemporaryDirectory() as tmp:
-        init = os.path.join(tmp, "init")
-        procs = [
-            ctx.Process(target=_allreduce_rank, args=(r, init, backend, out)) for r in range(2)
-        ]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(60)
-    if out.empty():
+    from paratrain.launcher.ranks import FileGroup, RankFailedError, spawn_ranks
+
+    name = f"all-reduce {backend}, 2 ranks"
+    try:
+        # fork starts in ~0.1 s (CPU only); CUDA cannot be used in a forked child.
+        values = spawn_ranks(
+            _allreduce_bandwidth,
+            2,
+            (backend,),
+            start_method="spawn" if backend == "nccl" else "fork",
+            group=FileGroup(backend=backend, timeout_s=30),
+            timeout_s=60,
+            threads=1,
+            results="main",
+        )
+    except RankFailedError as err:
+        last = str(err).strip().splitlines()[-1]
         return {
-            "name": f"all-reduce {backend}, 2 ranks",
+            "name": name,
             "value": None,
             "unit": "GB/s",
             "expected": "",
             "status": "FAIL",
+            "detail": f"rank {err.rank}: {last}",
         }
-    busbw = out.get() / 1e9  # 2(n-1)/n == 1 for n = 2
+    busbw = values[0] / 1e9  # 2(n-1)/n == 1 for n = 2
     expected = GLOO_MIN_GBS if backend == "gloo" else PCIE_MIN_GBS
-    return _result(
-        f"all-reduce {backend}, 2 ranks", busbw, "GB/s", f">= {expected} GB/s", busbw >= expected
-    )
+    return _result(name, busbw, "GB/s", f">= {expected} GB/s", busbw >= expected)
 
 
 def measure_all(facts: dict[str, Any]) -> list[dict[str, Any]]:

@@ -8,11 +8,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-STYLE = {"OK": "green", "WARN": "yellow", "FAIL": "bold red"}
+STYLE = {"OK": "green", "WARN": "yellow", "FAIL": "bold red", "INFO": "cyan"}
 
 
 def summary(report: dict[str, Any]) -> str:
-    """``"2 FAIL, 1 WARN, 7 OK"``."""
+    """``"2 FAIL, 1 WARN, 7 OK"`` (INFO measurements have no verdict and are not counted)."""
     statuses = [c["status"] for c in report["checks"]] + [
         m["status"] for m in report["measurements"]
     ]
@@ -98,8 +98,8 @@ def show(report: dict[str, Any], console: Console | None = None) -> None:
         for m in report["measurements"]:
             meas.add_row(
                 m["name"],
-                f"{m['value']} {m['unit']}",
-                m["expected"],
+                f"{m['value']} {m['unit']}" if m["value"] is not None else "-",
+                m.get("detail") or m["expected"],
                 f"[{STYLE[m['status']]}]{m['status']}",
             )
         console.print(meas)

@@ -6,8 +6,11 @@
     srun paratrain run train.py                     # inside Slurm: nodes and host from SLURM_*
 
 The resolved topology is printed once. When a rank dies, the exit names the rank and its
-signal; with ``--max-restarts K`` torchrun restarts the workers and ``Run`` resumes them from the
-newest valid checkpoint in the run dir.
+signal; when a rank stalls, the stalled rank and its line (from the run dir's ``stacks/``). The
+run dir is the one the script's ``Run`` reported (``PARATRAIN_REPORT``), which is ``--run-dir``
+when given. With ``--max-restarts K`` torchrun restarts the workers and ``Run`` resumes them from
+the newest valid checkpoint in the run dir. Ctrl-C (SIGINT) or SIGTERM is passed on to torchrun,
+which stops the ranks; ``paratrain run`` then says "interrupted" and exits with 130 (143).
 """
 
 from __future__ import annotations
@@ -17,11 +20,15 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
+from paratrain.environment import read_report
 from paratrain.errors import ParatrainError
+from paratrain.launcher.supervise import STOPPED, supervise
+from paratrain.run_dir import RunDir
+from paratrain.watchdog import diagnose
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -37,7 +44,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of node 0's rendezvous")
     p.add_argument("--rdzv-id", default=None)
     p.add_argument("--max-restarts", type=int, default=0)
-    p.add_argument("--run-dir", type=Path, default=Path("runs/paratrain"))
+    p.add_argument(
+        "--run-dir",
+        type=Path,
+        default=None,
+        help="the run dir of every rank (default: the script's run_dir=, else runs/paratrain)",
+    )
     p.add_argument("--backend", choices=("nccl", "gloo"), default=None)
     p.add_argument(
         "--torchrun-arg",
@@ -69,51 +81,72 @@ def failure_summary(output: str) -> str | None:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """Validate, print the topology, run torchrun, explain a failure."""
+    """Validate, print the topology, run torchrun, explain a failure or an interrupt."""
     import torch
 
     from paratrain.launcher.plan import RunOptions, make_plan
 
-    options = RunOptions(
-        target=list(args.target),
-        nproc=args.nproc,
-        nnodes=args.nnodes,
-        node_rank=args.node_rank,
-        rdzv_endpoint=args.rdzv_endpoint,
-        rdzv_id=args.rdzv_id,
-        max_restarts=args.max_restarts,
-        run_dir=args.run_dir,
-        backend=args.backend,
-        torchrun_args=args.torchrun_args,
-    )
-    plan = make_plan(options, env=os.environ, gpus=torch.cuda.device_count())
-    print(f"paratrain run: {plan.describe()}; run dir {args.run_dir}", flush=True)
-    shutil.rmtree(args.run_dir / "stacks", ignore_errors=True)  # a previous job's hang report
-    for note in plan.notes:
-        print(f"paratrain run: note: {note}", flush=True)
-    proc = subprocess.Popen(
-        plan.argv, env={**os.environ, **plan.env}, stderr=subprocess.PIPE, text=True, bufsize=1
-    )
-    captured: list[str] = []
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        sys.stderr.write(line)
-        captured.append(line)
-    code = proc.wait()
-    if code == 0:
-        return 0
-    summary = failure_summary("".join(captured[-200:]))
-    from paratrain.watchdog import diagnose
-
-    stalls = diagnose(args.run_dir / "stacks")
-    if stalls is not None:
-        summary = (
-            f"stalled: {stalls['summary']} (the other ranks waited in collectives; "
-            f"stacks of every rank in {args.run_dir / 'stacks'})"
+    with tempfile.TemporaryDirectory(prefix="paratrain-run-") as tmp:
+        report = Path(tmp) / "report.json"
+        options = RunOptions(
+            target=list(args.target),
+            nproc=args.nproc,
+            nnodes=args.nnodes,
+            node_rank=args.node_rank,
+            rdzv_endpoint=args.rdzv_endpoint,
+            rdzv_id=args.rdzv_id,
+            max_restarts=args.max_restarts,
+            run_dir=args.run_dir,
+            backend=args.backend,
+            torchrun_args=args.torchrun_args,
+            report=report,
         )
+        plan = make_plan(options, env=os.environ, gpus=torch.cuda.device_count())
+        where = f"run dir {args.run_dir}" if args.run_dir else "run dir chosen by the script"
+        print(f"paratrain run: {plan.describe()}; {where}", flush=True)
+        if args.run_dir is not None:  # a previous job's hang report would be taken for this one's
+            shutil.rmtree(RunDir(args.run_dir).stacks, ignore_errors=True)
+        for note in plan.notes:
+            print(f"paratrain run: note: {note}", flush=True)
+        code, stopped_by, output = supervise(plan.argv, {**os.environ, **plan.env})
+        if stopped_by is not None:
+            print(f"paratrain run: {STOPPED[stopped_by][0]}", file=sys.stderr, flush=True)
+            return STOPPED[stopped_by][1]
+        if code == 0:
+            return 0
+        run_dir = reported_run_dir(report, known=args.run_dir)
     raise ParatrainError(
-        f"the job failed: {summary or f'torchrun exited with code {code}'}"
-        + (f", after {args.max_restarts} restart(s)" if args.max_restarts else "")
-        + ". The rank's own output is above; per-rank stacks and restarts are in "
-        f"{args.run_dir}. Use --max-restarts K to restart and resume automatically."
+        failure_message(code, output, run_dir, args.max_restarts, node_rank=plan.node_rank)
     )
+
+
+def reported_run_dir(report: Path, *, known: Path | None) -> Path | None:
+    """The run dir the script's Run reported, else ``--run-dir``, else None (unknown)."""
+    record = read_report(report)
+    reported = record.get("run_dir") if record else None
+    return Path(reported) if isinstance(reported, str) else known
+
+
+def failure_message(
+    code: int, output: str, run_dir: Path | None, max_restarts: int, *, node_rank: int = 0
+) -> str:
+    """Why the job failed: the rank and its signal, or the stalled rank, and where to look."""
+    summary = failure_summary(output) or f"torchrun exited with code {code}"
+    stacks = RunDir(run_dir).stacks if run_dir is not None else None
+    stalls = diagnose(stacks) if stacks is not None else None
+    if stalls is not None:
+        summary = f"stalled: {stalls['summary']}; stacks of every rank in {stacks}"
+    text = f"the job failed: {summary}"
+    if max_restarts:
+        text += f", after {max_restarts} restart(s)"
+    text += ". The rank's own output is above"
+    if run_dir is not None:
+        text += f"; per-rank stacks, stats and restarts are in {run_dir}"
+    elif node_rank == 0:
+        text += (
+            "; the script reported no run dir (it ended before creating paratrain.Run), so "
+            "there are no stacks to show"
+        )
+    else:  # the main process (rank 0), which reports the run dir, runs on node 0
+        text += "; node 0's paratrain run names the run dir (or pass --run-dir on every node)"
+    return text + ". Use --max-restarts K to restart and resume automatically."

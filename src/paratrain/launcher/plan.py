@@ -15,9 +15,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from paratrain.environment import BACKEND_VAR, REPORT_VAR, RUN_DIR_VAR
 from paratrain.errors import ConfigError, EnvironmentMismatchError
 from paratrain.ports import free_port, port_is_free
-from paratrain.topology import first_host
+from paratrain.topology import first_host, slurm_rendezvous_port
 
 DEFAULT_PORT = 29500
 
@@ -34,9 +35,12 @@ class RunOptions:
     rdzv_endpoint: str | None = None
     rdzv_id: str | None = None
     max_restarts: int = 0
-    run_dir: Path = Path("runs/paratrain")
+    run_dir: Path | None = None
+    """``--run-dir``; None leaves the choice to the script (its ``run_dir=`` or the default)."""
     backend: str | None = None
     torchrun_args: list[str] = field(default_factory=list)
+    report: Path | None = None
+    """A file the script's main process writes its resolved run dir into (``PARATRAIN_REPORT``)."""
 
 
 @dataclass(kw_only=True)
@@ -106,17 +110,7 @@ def make_plan(options: RunOptions, *, env: Mapping[str, str], gpus: int) -> Laun
     notes: list[str] = []
     target = _target(options)
     nproc = _nproc(options.nproc, gpus, notes)
-    backend = options.backend or ("nccl" if gpus else "gloo")
-    if backend == "nccl" and not gpus:
-        raise EnvironmentMismatchError(
-            "--backend nccl needs CUDA GPUs, but torch sees none. Use --backend gloo (CPU ranks) "
-            "or run on a GPU machine; `paratrain doctor` explains what torch sees."
-        )
-    if gpus and backend == "nccl" and nproc > gpus:
-        raise EnvironmentMismatchError(
-            f"--nproc {nproc} but only {gpus} GPU(s) are visible; each rank needs its own GPU. "
-            f"Use --nproc {gpus} (or auto), or --backend gloo for CPU ranks."
-        )
+    backend = _backend(options.backend, nproc, gpus)
     nnodes, node_rank, endpoint, source = _nodes(options, env)
     if nnodes > 1 and endpoint is None:
         raise ConfigError(
@@ -124,14 +118,7 @@ def make_plan(options: RunOptions, *, env: Mapping[str, str], gpus: int) -> Laun
             "on every node."
         )
     if endpoint is not None and node_rank == 0:
-        host, _, port = endpoint.rpartition(":")
-        if host in ("127.0.0.1", "localhost", socket.gethostname()) and not port_is_free(
-            host, int(port)
-        ):
-            raise EnvironmentMismatchError(
-                f"Port {port} on {host} is already in use, so node 0 cannot host the "
-                f"rendezvous. Pick a free one, e.g. --rdzv-endpoint {host}:{free_port()}."
-            )
+        _check_port_free(endpoint)
     argv = [
         sys.executable,
         "-m",
@@ -150,16 +137,9 @@ def make_plan(options: RunOptions, *, env: Mapping[str, str], gpus: int) -> Laun
             f"--rdzv-endpoint={endpoint}",
             f"--rdzv-id={options.rdzv_id or 'paratrain'}",
         ]
-    argv += [*options.torchrun_args, *target]
-    run_env = {
-        "PARATRAIN_RUN_DIR": str(options.run_dir),
-        "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
-    }
-    if options.backend:
-        run_env["PARATRAIN_BACKEND"] = options.backend
     return LaunchPlan(
-        argv=argv,
-        env=run_env,
+        argv=[*argv, *options.torchrun_args, *target],
+        env=_run_env(options, env),
         nnodes=nnodes,
         nproc=nproc,
         node_rank=node_rank,
@@ -170,12 +150,50 @@ def make_plan(options: RunOptions, *, env: Mapping[str, str], gpus: int) -> Laun
     )
 
 
+def _backend(asked: str | None, nproc: int, gpus: int) -> str:
+    backend = asked or ("nccl" if gpus else "gloo")
+    if backend == "nccl" and not gpus:
+        raise EnvironmentMismatchError(
+            "--backend nccl needs CUDA GPUs, but torch sees none. Use --backend gloo (CPU ranks) "
+            "or run on a GPU machine; `paratrain doctor` explains what torch sees."
+        )
+    if gpus and backend == "nccl" and nproc > gpus:
+        raise EnvironmentMismatchError(
+            f"--nproc {nproc} but only {gpus} GPU(s) are visible; each rank needs its own GPU. "
+            f"Use --nproc {gpus} (or auto), or --backend gloo for CPU ranks."
+        )
+    return backend
+
+
+def _check_port_free(endpoint: str) -> None:
+    host, _, port = endpoint.rpartition(":")
+    if host in ("127.0.0.1", "localhost", socket.gethostname()) and not port_is_free(
+        host, int(port)
+    ):
+        raise EnvironmentMismatchError(
+            f"Port {port} on {host} is already in use, so node 0 cannot host the "
+            f"rendezvous. Pick a free one, e.g. --rdzv-endpoint {host}:{free_port()}."
+        )
+
+
+def _run_env(options: RunOptions, env: Mapping[str, str]) -> dict[str, str]:
+    """What the ranks get on top of this process's environment (see paratrain.environment)."""
+    run_env = {"OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1")}
+    if options.run_dir is not None:
+        run_env[RUN_DIR_VAR] = str(options.run_dir)
+    if options.backend:
+        run_env[BACKEND_VAR] = options.backend
+    if options.report is not None:
+        run_env[REPORT_VAR] = str(options.report)
+    return run_env
+
+
 def _nodes(options: RunOptions, env: Mapping[str, str]) -> tuple[int, int, str | None, str]:
     if "SLURM_JOB_ID" in env and options.nnodes is None:
         nnodes = int(env.get("SLURM_NNODES", "1"))
         node_rank = int(env.get("SLURM_NODEID", "0"))
         host = first_host(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "127.0.0.1")
-        port = 20000 + int(env["SLURM_JOB_ID"]) % 10000
+        port = slurm_rendezvous_port(env)
         endpoint = options.rdzv_endpoint or (f"{host}:{port}" if nnodes > 1 else None)
         return nnodes, node_rank, endpoint, "slurm"
     nnodes = options.nnodes or 1

@@ -8,119 +8,84 @@
     loss = paratrain.launch(train, nproc=2, args=(3e-4,))   # rank 0's return value
 
 Each rank is a fresh process with RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT set (a free
-loopback port), so the function body is the same as under torchrun. A rank that raises ends the
-launch with :class:`RankFailedError` naming the rank and carrying its traceback. Functions defined
-in a notebook cannot be pickled for a spawned process; they run in forked processes instead (CPU
-only: CUDA cannot be used after a fork, and the error says so).
+loopback port), so the function body is the same as under torchrun. A rank that raises, or dies
+without raising (``os._exit``, SIGKILL, the OOM killer), ends the launch within about a second
+with :class:`RankFailedError` naming the rank and carrying its traceback or its exit code or
+signal. Ranks are spawned; where a spawned process could not re-create the function (defined in
+a notebook or in ``python -c``, or a script fed on stdin: ``python - <<EOF``) they are forked
+instead, which works on CPU as long as this process has not initialised CUDA (the error says so
+when it has).
 """
 
 from __future__ import annotations
 
-import io
-import multiprocessing as mp
+import math
 import os
-import queue
 import sys
-import traceback
 from collections.abc import Callable
 from typing import Any
 
-from paratrain.errors import ParatrainError
-from paratrain.ports import free_port
+from paratrain.errors import ConfigError
+from paratrain.launcher.ranks import RankFailedError, spawn_ranks
+
+__all__ = ["RankFailedError", "launch", "start_method"]
 
 
-class RankFailedError(RuntimeError):
-    """A rank of :func:`launch` raised; the message names it and holds its traceback."""
+def start_method(fn: Callable[..., Any]) -> str:
+    """``spawn``, or ``fork`` where a spawned rank could not re-create ``fn``.
 
-    def __init__(self, rank: int, details: str) -> None:
-        super().__init__(f"rank {rank} failed:\n{details}")
-        self.rank = rank
-
-
-def _worker(
-    rank: int, nproc: int, port: int, fn: Callable[..., Any], args: tuple[Any, ...], out: Any
-) -> None:
-    os.environ.update(
-        {
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "WORLD_SIZE": str(nproc),
-            "LOCAL_WORLD_SIZE": str(nproc),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-        }
-    )
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    try:
-        import torch
-
-        value = fn(*args)
-        buffer = io.BytesIO()
-        torch.save(value, buffer)
-        out.put((rank, True, buffer.getvalue()))
-    except BaseException:
-        out.put((rank, False, traceback.format_exc()))
-
-
-def _root_cause(errors: dict[int, str]) -> int:
-    """The failing rank whose error is not just a peer having gone away."""
-    secondary = ("Connection closed by peer", "remote worker", "Connection reset")
-    primary = [r for r, text in errors.items() if not any(s in text for s in secondary)]
-    return min(primary or errors)
-
-
-def _context(fn: Callable[..., Any]) -> Any:
+    A spawned process re-imports ``__main__`` (from its module spec, else from its file) and
+    then ``fn`` by module and name: a script read from stdin has no file to re-run, and a
+    function defined in a notebook or ``python -c`` has no module to import it from.
+    """
     main = sys.modules.get("__main__")
-    interactive = fn.__module__ == "__main__" and not hasattr(main, "__file__")
-    if not interactive:
-        return mp.get_context("spawn")
-    import torch
-
-    if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
-        raise ParatrainError(
-            "paratrain.launch was given a function defined in this notebook after CUDA was "
-            "initialised; such a function can only run in forked processes, where CUDA does "
-            "not work. Move the function into a .py module and import it, or restart the "
-            "kernel and call launch before touching CUDA."
+    main_file = getattr(main, "__file__", None)
+    rerunnable = getattr(main, "__spec__", None) is not None or (
+        main_file is not None and os.path.isfile(main_file)
+    )
+    if rerunnable or (main_file is None and fn.__module__ != "__main__"):
+        return "spawn"
+    torch = sys.modules.get("torch")  # not imported here: CUDA cannot be initialised
+    if torch is not None and torch.cuda.is_initialized():
+        where = "on stdin" if main_file is not None else "in this notebook (or python -c)"
+        raise ConfigError(
+            f"paratrain.launch got {fn.__qualname__!r}, defined {where}; its ranks can only be "
+            "forked, and CUDA does not work in a forked process once this process has "
+            "initialised it. Move the function into a .py file and import it (or run the "
+            "script as a file), or call launch before touching CUDA (restart the kernel)."
         )
-    return mp.get_context("fork")
+    return "fork"
+
+
+def _check(nproc: object, timeout_s: object) -> None:
+    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
+        raise ConfigError(
+            f"launch(nproc={nproc!r}): nproc is the number of ranks, a whole number >= 1. Pass "
+            "e.g. nproc=2."
+        )
+    if (
+        isinstance(timeout_s, bool)
+        or not isinstance(timeout_s, (int, float))
+        or not math.isfinite(timeout_s)
+        or timeout_s <= 0
+    ):
+        raise ConfigError(
+            f"launch(timeout_s={timeout_s!r}): timeout_s is how long to wait for the ranks, a "
+            "finite number of seconds > 0. Pass e.g. timeout_s=600."
+        )
 
 
 def launch(
     fn: Callable[..., Any], nproc: int = 2, args: tuple[Any, ...] = (), *, timeout_s: float = 600.0
 ) -> Any:
-    """Run ``fn(*args)`` on ``nproc`` local ranks; return rank 0's result."""
-    if nproc < 1:
-        raise ParatrainError(f"nproc must be >= 1, got {nproc}.")
-    ctx = _context(fn)
-    out = ctx.Queue()
-    port = free_port()
-    procs = [
-        ctx.Process(target=_worker, args=(r, nproc, port, fn, args, out)) for r in range(nproc)
-    ]
-    for p in procs:
-        p.start()
-    results: dict[int, Any] = {}
-    errors: dict[int, str] = {}
-    try:
-        while len(results) + len(errors) < nproc:
-            rank, ok, payload = out.get(timeout=3.0 if errors else timeout_s)
-            (results if ok else errors)[rank] = payload
-    except queue.Empty:
-        if not errors:
-            missing = sorted(set(range(nproc)) - set(results))
-            raise RankFailedError(
-                missing[0], f"ranks {missing} gave no result within {timeout_s:.0f}s (hung?)"
-            ) from None
-    finally:
-        for p in procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join()
-    if errors:
-        rank = _root_cause(errors)
-        raise RankFailedError(rank, errors[rank])
-    import torch
+    """Run ``fn(*args)`` on ``nproc`` local ranks; return rank 0's result.
 
-    return torch.load(io.BytesIO(results[0]), weights_only=False)
+    Raises :class:`RankFailedError` for the rank that raised or died first (a rank that failed
+    only because a peer went away is not blamed), or for ranks still running after
+    ``timeout_s`` seconds (they are killed).
+    """
+    _check(nproc, timeout_s)
+    values = spawn_ranks(
+        fn, nproc, args, start_method=start_method(fn), timeout_s=timeout_s, results="main"
+    )
+    return values[0]

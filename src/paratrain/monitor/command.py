@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from paratrain.errors import ConfigError
+from paratrain.run_dir import RunDir
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -41,6 +42,7 @@ def render(snap: dict[str, Any]) -> Any:
     """Rich renderables for one snapshot."""
     from rich.console import Group
     from rich.table import Table
+    from rich.text import Text
 
     parts: list[Any] = []
     if snap["gpus"]:
@@ -57,6 +59,8 @@ def render(snap: dict[str, Any]) -> Any:
                 str(g["temperature_c"]),
             )
         parts.append(gpus)
+    elif snap.get("gpu_note"):
+        parts.append(Text(snap["gpu_note"]))  # not markup: "[gpu]" is no style
     ranks = Table(title=f"ranks of {snap['run_dir']}" if snap["run_dir"] else "ranks")
     for col in (
         "rank",
@@ -119,7 +123,7 @@ def run_monitor(args: argparse.Namespace) -> int:
 
     from paratrain.monitor.snapshot import snapshot
 
-    if args.run_dir is not None and not (args.run_dir / "stats").is_dir():
+    if args.run_dir is not None and not RunDir(args.run_dir).stats.is_dir():
         raise ConfigError(
             f"{args.run_dir} has no stats/ folder. Pass the run dir of a paratrain job (its "
             "run_dir setting, default runs/paratrain), started with stats_every set."

@@ -3,6 +3,7 @@
 snap = snapshot(Path("runs/exp"))
 snap["ranks"]       # latest stats record per rank (step time, samples/s, data wait, memory)
 snap["gpus"]        # utilisation, memory, power, temperature (nvidia-ml-py), or []
+snap["gpu_note"]    # why "gpus" is empty (nvidia-ml-py missing: the pip command), or None
 snap["processes"]   # CPU% and RSS of each rank's process (psutil), on any machine
 snap["flags"]       # straggler, input-bound, memory imbalance, idle GPU — each with a hint
 """
@@ -17,6 +18,8 @@ from typing import Any
 
 import psutil
 
+from paratrain.run_dir import RunDir
+
 STRAGGLER = 1.2  # a rank whose step time exceeds this multiple of the median
 INPUT_BOUND = 0.30  # fraction of wall time spent waiting for batches
 IMBALANCE = 1.25  # max / min peak memory across ranks or GPUs
@@ -26,7 +29,7 @@ IDLE_GPU = 10  # percent utilisation
 def latest_records(run_dir: Path) -> list[dict[str, Any]]:
     """The newest record of each ``stats/rank<r>.jsonl``, in rank order."""
     records = []
-    for path in sorted((run_dir / "stats").glob("rank*.jsonl")):
+    for path in sorted(RunDir(run_dir).stats.glob("rank*.jsonl")):
         lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
         for line in reversed(lines):
             try:
@@ -37,14 +40,24 @@ def latest_records(run_dir: Path) -> list[dict[str, Any]]:
     return sorted(records, key=lambda r: r["rank"])
 
 
-def gpu_stats() -> list[dict[str, Any]]:
-    """Per-GPU utilisation, memory, power and temperature; [] without GPUs or nvidia-ml-py."""
+GPU_HINT = "no GPU stats: nvidia-ml-py is not installed (pip install 'paratrain[gpu]')"
+
+
+def gpu_stats() -> tuple[list[dict[str, Any]], str | None]:
+    """Per-GPU utilisation, memory, power and temperature, and a note when there are none.
+
+    The note says why the list is empty: nvidia-ml-py is missing (with the command that
+    installs it) or NVML cannot start (no NVIDIA driver). A machine with a driver but no GPU
+    gets an empty list and no note.
+    """
     try:
         import pynvml
-
+    except ImportError:
+        return [], GPU_HINT
+    try:
         pynvml.nvmlInit()
-    except Exception:
-        return []
+    except Exception as err:  # no driver: NVMLError_LibraryNotFound, DriverNotLoaded, ...
+        return [], f"no GPU stats: NVML did not start ({err})"
     gpus = []
     for i in range(pynvml.nvmlDeviceGetCount()):
         h = pynvml.nvmlDeviceGetHandleByIndex(i)
@@ -60,7 +73,7 @@ def gpu_stats() -> list[dict[str, Any]]:
                 "temperature_c": pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
             }
         )
-    return gpus
+    return gpus, None
 
 
 def rank_processes() -> dict[int, psutil.Process]:
@@ -180,7 +193,7 @@ def flags(records: list[dict[str, Any]], gpus: list[dict[str, Any]]) -> list[dic
 def snapshot(run_dir: Path | None) -> dict[str, Any]:
     """Machine and job state right now."""
     records = latest_records(run_dir) if run_dir is not None else []
-    gpus = gpu_stats()
+    gpus, gpu_note = gpu_stats()
     now = time.time()
     for r in records:
         r["age_s"] = now - r["time"]
@@ -189,6 +202,7 @@ def snapshot(run_dir: Path | None) -> dict[str, Any]:
         "run_dir": str(run_dir) if run_dir else None,
         "ranks": records,
         "gpus": gpus,
+        "gpu_note": gpu_note,
         "processes": process_stats(records),
         "flags": flags(records, gpus),
         "cpu_percent": psutil.cpu_percent(None),

@@ -1,0 +1,87 @@
+"""Run torchrun as a child: echo its stderr, keep the tail, pass Ctrl-C and SIGTERM on to it.
+
+    code, stopped_by, tail = supervise(plan.argv, env)
+    if stopped_by is not None:          # SIGINT or SIGTERM reached paratrain run
+        return STOPPED[stopped_by][1]   # 130 or 143: torchrun has stopped the ranks
+
+A Ctrl-C in a terminal reaches every process of the foreground group at once, torchrun included;
+a second SIGINT would interrupt torchrun's own shutdown of the ranks. So a signal is forwarded
+only when torchrun has not reacted to it within :data:`FORWARD_AFTER_S` (it was sent to
+``paratrain run`` alone, e.g. ``kill -INT``): torchrun logs "death signal" when it gets one.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import signal
+import subprocess
+import sys
+import threading
+
+STOPPED = {signal.SIGINT: ("interrupted", 130), signal.SIGTERM: ("terminated", 143)}
+"""What ``paratrain run`` says and returns when a signal stopped it (128 + the signal)."""
+FORWARD_AFTER_S = 1.0
+TORCHRUN_GOT_IT = "death signal"
+"""In torchrun's log line "Received SIGINT death signal, shutting down workers"."""
+
+
+class _Forwarder:
+    """The signal handler: note the signal, forward it unless torchrun reacts on its own."""
+
+    def __init__(self) -> None:
+        self.received: list[signal.Signals] = []
+        self.child: subprocess.Popen[str] | None = None
+        self.child_reacted = threading.Event()
+        self.pending: list[signal.Signals] = []
+        """Signals due to be forwarded before torchrun was started."""
+
+    def handle(self, signum: int, frame: object) -> None:
+        sig = signal.Signals(signum)
+        self.received.append(sig)
+        timer = threading.Timer(FORWARD_AFTER_S, self.forward, (sig,))
+        timer.daemon = True
+        timer.start()
+
+    def forward(self, sig: signal.Signals) -> None:
+        child = self.child
+        if child is None:
+            self.pending.append(sig)
+            return
+        if child.poll() is not None or self.child_reacted.is_set():
+            return
+        with contextlib.suppress(ProcessLookupError):
+            child.send_signal(sig)  # torchrun stops its ranks with this signal, then exits
+
+    def watch(self, line: str) -> None:
+        if TORCHRUN_GOT_IT in line:
+            self.child_reacted.set()
+
+
+def supervise(argv: list[str], env: dict[str, str]) -> tuple[int, signal.Signals | None, str]:
+    """Run ``argv``; return its exit code, the signal that stopped us (or None), its stderr tail.
+
+    The tail is the last 200 lines, where torchrun's failure report is.
+    """
+    forwarder = _Forwarder()
+    on_main = threading.current_thread() is threading.main_thread()
+    previous = {sig: signal.signal(sig, forwarder.handle) for sig in STOPPED} if on_main else {}
+    try:
+        proc = subprocess.Popen(
+            argv, env=env, stderr=subprocess.PIPE, text=True, errors="replace", bufsize=1
+        )
+        forwarder.child = proc
+        for sig in forwarder.pending:
+            forwarder.forward(sig)
+        captured: collections.deque[str] = collections.deque(maxlen=200)
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            sys.stderr.write(line)
+            captured.append(line)
+            forwarder.watch(line)
+        code = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    stopped_by = forwarder.received[0] if forwarder.received else None
+    return code, stopped_by, "".join(captured)

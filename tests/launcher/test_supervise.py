@@ -1,0 +1,55 @@
+"""``paratrain run`` passes Ctrl-C on to torchrun exactly once, whoever received it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from paratrain.launcher.supervise import supervise
+
+# Stands in for torchrun: logs like it on SIGINT, then exits with the number of SIGINTs it got
+# within 2.5 s of the first (a forwarded duplicate arrives about 1 s after the first).
+FAKE_TORCHRUN = """
+import os, signal, sys, time
+from pathlib import Path
+
+got = []
+
+def on_int(signum, frame):
+    got.append(time.monotonic())
+    print("W torchrun] Received Signals.SIGINT death signal, shutting down workers",
+          file=sys.stderr, flush=True)
+
+signal.signal(signal.SIGINT, on_int)
+Path(sys.argv[1]).write_text(str(os.getpid()))
+deadline = time.monotonic() + 20
+while time.monotonic() < deadline and not (got and time.monotonic() > got[0] + 2.5):
+    time.sleep(0.05)
+sys.exit(len(got))
+"""
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+def test_the_interrupt_reaches_torchrun_once(tmp_path: Path, terminal: bool) -> None:
+    ready = tmp_path / "child.pid"
+    script = tmp_path / "fake_torchrun.py"
+    script.write_text(FAKE_TORCHRUN)
+
+    def press_ctrl_c() -> None:
+        while not ready.exists() or not ready.read_text():
+            time.sleep(0.05)
+        if terminal:  # a terminal signals its whole foreground group: the child as well
+            os.kill(int(ready.read_text()), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=press_ctrl_c, daemon=True).start()
+    code, stopped_by, tail = supervise([sys.executable, str(script), str(ready)], {**os.environ})
+    assert stopped_by == signal.SIGINT
+    assert code == 1, tail  # exactly one SIGINT reached the child
+    assert tail.count("death signal") == 1
