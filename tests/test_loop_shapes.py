@@ -235,6 +235,9 @@ def test_a_failing_start_leaves_no_process_group(monkeypatch: pytest.MonkeyPatch
     with pytest.raises(ParatrainError, match="tensorboard"):
         pt.Run(strategy="ddp", tensorboard=True)
     assert not dist.is_initialized()
+    with pytest.raises(ConfigError, match="not a multiple"):  # a check after the group exists
+        pt.Run(strategy="ddp", global_batch=30, per_rank_batch=4)
+    assert not dist.is_initialized()
     with pt.Run(strategy="ddp", progress=False) as run:  # and the next Run starts cleanly
         assert run.world_size == 1 and dist.is_initialized()
     assert not dist.is_initialized()

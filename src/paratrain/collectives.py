@@ -103,3 +103,17 @@ def named_barrier(name: str, *, timeout_s: float, group: Any = None) -> None:
             f"Ranks reached different barriers ({where}). Every rank must pass the same "
             "barriers in the same order; look for a barrier inside `if run.is_main:`."
         )
+
+
+_GLOO: dict[int, Any] = {}
+
+
+def gloo_group() -> Any:
+    """The default group when it is gloo, else a gloo group made once per default group
+    (a collective: every rank calls it the first time)."""
+    if dist.get_backend() == "gloo":
+        return None
+    key = id(dist.group.WORLD)
+    if key not in _GLOO:
+        _GLOO[key] = dist.new_group(backend="gloo")
+    return _GLOO[key]

@@ -1,5 +1,7 @@
 """What :meth:`paratrain.Run.setup` does to a model besides wrapping it.
 
+- :func:`prepare_model` does all of it for ``run.setup``: check, checkpoint activations, wrap
+  (leaving a model split over devices where it is, or refusing), autocast the forward.
 - :func:`check_model` refuses models that cannot train (no parameters, already wrapped).
 - :func:`forward_in_autocast` runs the model's forward under autocast, so a ``bf16`` run never
   silently computes in fp32 because the user forgot a context manager. It uses forward hooks, so
@@ -19,8 +21,11 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
+from paratrain.activation_checkpointing import apply_activation_checkpointing
 from paratrain.errors import ModelError
+from paratrain.module_policy import ModulePolicy
 from paratrain.precision import Precision
+from paratrain.strategies import Strategy
 
 _WRAPPERS = ("DistributedDataParallel", "DataParallel", "FullyShardedDataParallel")
 
@@ -91,3 +96,18 @@ def rebind_optimizer(
                 )
             rebound.append(params[name])
         group["params"] = rebound
+
+
+def prepare_model(
+    model: nn.Module, strategy: Strategy, precision: Precision, ac_policy: ModulePolicy
+) -> nn.Module:
+    """Check, checkpoint activations, wrap for ``strategy`` and autocast ``model``."""
+    check_model(model)
+    devices = model_devices(model)
+    if ac_policy:
+        apply_activation_checkpointing(model, ac_policy)
+    wrapped = strategy.wrap_split(model, devices) if len(devices) > 1 else strategy.wrap(model)
+    if precision.dtype is not None:
+        forward_in_autocast(strategy.unwrap(wrapped), precision)
+    wrapped._paratrain_setup = True  # type: ignore[assignment]
+    return wrapped

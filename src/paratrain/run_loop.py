@@ -6,24 +6,21 @@
     hooks.last_micro_batch(key)  # is this micro-batch the last of the driving loader's pass?
 
 Also the callbacks a :class:`paratrain.data.DeviceLoader` makes (a pass starts, a batch
-arrives), and :class:`StepRounds`, which counts one global step per round of optimizer steps.
+arrives).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Protocol
-
-from torch.optim import Optimizer
 
 from paratrain.accumulation import Windows
 from paratrain.checkpoint import resume as checkpoints
-from paratrain.checkpoint.store import CheckpointStore
 from paratrain.config import RunConfig
 from paratrain.console import Console
 from paratrain.data import DeviceLoader
 from paratrain.errors import ConfigError
 from paratrain.loop_state import LoopState
+from paratrain.run_checkpoints import RunCheckpoints
 from paratrain.seeding import seed_rank_stream
 from paratrain.strategies import Strategy
 from paratrain.tracking import Tracked
@@ -38,47 +35,18 @@ class _RunParts(Protocol):
     strategy: Strategy
     tracked: Tracked
     loop: LoopState
-    extras: dict[str, Any]
     _windows: Windows
     _watchdog: Watchdog | None
-    _auto_resume: bool
+    _checkpoints: RunCheckpoints
     _rank_streams: bool
-    _resumed_at_step: int | None
     _batch_reported: bool
-    _restart_recorded: bool
-    _identity: checkpoints.Identity
-    resumed_from: Path | None
 
     @property
     def rank(self) -> int: ...
     @property
     def world_size(self) -> int: ...
-    @property
-    def restart_count(self) -> int: ...
-    @property
-    def store(self) -> CheckpointStore: ...
-    def _pieces(self) -> checkpoints.Pieces: ...
-    def _record_restart(self, resumed: bool) -> None: ...
     def _print_notes(self) -> None: ...
     def set_grad_accum(self, every: int) -> None: ...
-
-
-class StepRounds:
-    """One global step per round: a round ends when an optimizer steps a second time.
-
-    A GAN stepping D then G counts 1 per iteration; a critic stepped 5x per generator step
-    counts 5."""
-
-    def __init__(self) -> None:
-        self._round: set[int] = set()
-
-    def count(self, optimizer: Optimizer) -> bool:
-        """Note that ``optimizer`` stepped; True when this begins a new round."""
-        new = id(optimizer) in self._round or not self._round
-        if id(optimizer) in self._round:
-            self._round = set()
-        self._round.add(id(optimizer))
-        return new
 
 
 class LoopHooks:
@@ -87,7 +55,6 @@ class LoopHooks:
     def __init__(self, run: _RunParts) -> None:
         self.run = run
         self._in_pass: dict[int, tuple[int, int]] = {}
-        self._saved_global_batch: tuple[int | None, bool] | None = None
 
     # -- data.LoaderHooks ------------------------------------------------------------------
     def current_epoch(self) -> int:
@@ -126,35 +93,18 @@ class LoopHooks:
     def resume_if_restarted(self) -> None:
         """After a torchrun restart: resume from the newest valid checkpoint (once), as soon as
         a model is set up, whatever the loop's shape."""
-        run = self.run
-        if run._auto_resume and run.tracked.units:
-            run._auto_resume = False
+        if self.run._checkpoints.auto_resume and self.run.tracked.units:
             self.resume(keep_global_batch=False)
 
     def resume(self, *, keep_global_batch: bool) -> dict[str, Any] | None:
         """Restore the newest valid checkpoint into the registered pieces."""
         run = self.run
-        restarted, run._auto_resume = run._auto_resume or run.restart_count > 0, False
-        resumed = checkpoints.resume(
-            run._pieces(),
-            run.store,
-            run._identity,
-            keep_global_batch=keep_global_batch,
-            say=run.console.print,
-            warn=run.console.warn,
-        )
+        resumed = run._checkpoints.resume(keep_global_batch=keep_global_batch)
         run._rank_streams = True  # generators come from the checkpoint (or stay as they are)
-        if resumed is not None and not any(ld.train for ld in run.tracked.loaders):
-            self._saved_global_batch = (resumed.manifest.global_batch, keep_global_batch)
-        run._resumed_at_step = run.loop.global_step
         self._in_pass.clear()
-        if restarted and not run._restart_recorded:
-            run._restart_recorded = True
-            run._record_restart(resumed is not None)
         run._print_notes()
         if resumed is None:
             return None
-        run.extras, run.resumed_from = resumed.extras, resumed.folder
         if resumed.grad_accum != run.loop.grad_accum:
             run.set_grad_accum(resumed.grad_accum)
         return resumed.extras
@@ -182,9 +132,9 @@ class LoopHooks:
                     "global batch that it divides, or another per-rank batch."
                 )
             run.set_grad_accum(accum)
-        if self._saved_global_batch is not None:  # resumed before the loader existed
-            saved, keep = self._saved_global_batch
-            self._saved_global_batch = None
+        if run._checkpoints.saved_global_batch is not None:  # resumed before the loader existed
+            saved, keep = run._checkpoints.saved_global_batch
+            run._checkpoints.saved_global_batch = None
             accum = checkpoints.keep_or_report_global_batch(
                 saved,
                 per_rank=batch_size,

@@ -70,6 +70,26 @@ class Topology:
             source="none",
         )
 
+    @classmethod
+    def from_env_or_group(cls) -> Topology:
+        """:meth:`from_env`; without launcher variables, the layout of a process group the
+        caller already built (a notebook, a test harness)."""
+        topo = cls.from_env()
+        import torch.distributed as dist
+
+        if topo.source != "none" or not (dist.is_available() and dist.is_initialized()):
+            return topo
+        rank, world = dist.get_rank(), dist.get_world_size()
+        return cls(
+            rank=rank,
+            local_rank=rank,
+            world_size=world,
+            local_world_size=world,
+            master_addr=topo.master_addr,
+            master_port=topo.master_port,
+            source="process group",
+        )
+
 
 def _int(env: Mapping[str, str], key: str, default: int | None = None) -> int:
     raw = env.get(key)

@@ -1,0 +1,226 @@
+"""``Job``: this process's place in the job, and what it does with the other ranks.
+
+    job = Job(strategy="ddp", timeout_s=300)     # settings as for paratrain.Run
+    job.rank, job.world_size, job.device, job.run_dir
+    job.print("only rank 0 prints"); job.log({"loss": 0.3}, step=10)
+    total = job.reduce(correct, "sum"); job.barrier("after-eval")
+    job.close()
+
+It resolves the settings against the launcher's environment, chooses the strategy, checks the
+precision, and only then joins the process group and starts the hang watchdog, so a bad setting
+leaves nothing behind. :class:`paratrain.Run` builds the training loop on top of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import shutil
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from paratrain import collectives
+from paratrain.checkpoint.files import atomic_torch_save
+from paratrain.config import RunConfig
+from paratrain.console import Console
+from paratrain.environment import LaunchEnv
+from paratrain.errors import ConfigError
+from paratrain.precision import Precision
+from paratrain.process_group import destroy_process_group, init_process_group
+from paratrain.run_dir import RunDir
+from paratrain.strategies import select_strategy
+from paratrain.topology import Topology
+from paratrain.watchdog import Watchdog
+
+Number = TypeVar("Number", int, float, torch.Tensor)
+
+
+class Job:
+    """Process group, strategy, precision, console and watchdog of one process of a job."""
+
+    def __init__(self, config: RunConfig | None = None, /, **settings: Any) -> None:
+        if config is not None and settings:
+            raise ConfigError("Pass either a RunConfig or keyword settings to Run, not both.")
+        config = config if config is not None else RunConfig(**settings)
+        config.validate()  # a config changed after creation is checked again
+        self._env = env = LaunchEnv.read()
+        self.config = dataclasses.replace(
+            config,
+            backend=config.backend or env.backend,
+            run_dir=env.resolve_run_dir(config.run_dir),
+        )
+        self.layout = RunDir(self.config.run_dir or ".")
+        """Where this run writes (:class:`paratrain.run_dir.RunDir`)."""
+        self.topology = Topology.from_env_or_group()
+        self.selection = select_strategy(self.config, self.topology)
+        self.strategy = self.selection.strategy
+        self.precision = Precision(self.config.precision, self.device)
+        self.console = Console(
+            is_main=self.topology.is_main,
+            run_dir=self.layout.root,
+            tensorboard=self.config.tensorboard,
+            progress=self.config.progress,
+        )
+        self._closed = False
+        self._owns_group = False
+        self._watchdog: Watchdog | None = None
+        try:
+            self._start(self.selection.backend)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, backend: str) -> None:
+        """Process group, watchdog and launcher report: after every setting was checked."""
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        if self.topology.is_main:
+            shutil.rmtree(self.layout.stacks / "", ignore_errors=True)  # an earlier job's stalls
+            self._env.write_report(
+                {
+                    "run_dir": str(self.layout.root.resolve()),
+                    "ckpt_dir": str(
+                        Path(self.config.ckpt_dir or self.layout.checkpoints).resolve()
+                    ),
+                    "world_size": self.topology.world_size,
+                }
+            )
+        if self.strategy.multi_process:
+            self._owns_group = init_process_group(
+                self.topology,
+                backend=backend,
+                timeout_s=self.config.timeout_s,
+                trace_dir=str(self.layout.stacks),
+            )
+        if self.strategy.multi_process and self.config.watchdog and self.world_size > 1:
+            self._watchdog = Watchdog(
+                self.layout.stacks, rank=self.rank, after_s=0.9 * self.config.timeout_s
+            )
+
+    # -- where this process is -------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        """The device this rank computes on (``cuda:<local rank>`` or ``cpu``)."""
+        return self.strategy.device
+
+    @property
+    def rank(self) -> int:
+        """Index of this process in the job."""
+        return self.topology.rank
+
+    @property
+    def local_rank(self) -> int:
+        """Index of this process on its machine."""
+        return self.topology.local_rank
+
+    @property
+    def world_size(self) -> int:
+        """Number of processes in the job."""
+        return self.topology.world_size
+
+    @property
+    def is_main(self) -> bool:
+        """True on rank 0."""
+        return self.topology.is_main
+
+    @property
+    def run_dir(self) -> Path:
+        """Where this run writes logs, stats and (by default) checkpoints."""
+        return self.layout.root
+
+    @property
+    def restart_count(self) -> int:
+        """How often torchrun restarted this job's workers (0 on the first start)."""
+        return self._env.restart_count
+
+    @contextlib.contextmanager
+    def autocast(self) -> Iterator[None]:
+        """Autocast for code outside the model's forward (the model's forward already is)."""
+        with self.precision.autocast():
+            yield
+
+    def uneven_inputs(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        """For loops whose ranks run different numbers of batches: no rank hangs at the end."""
+        return self.strategy.uneven_inputs(model)
+
+    # -- metrics, output, files -------------------------------------------------------------
+    def reduce(self, value: Number, op: str = "sum") -> Number:
+        """All-reduce a number, numpy value or tensor over ranks (sum, mean, max, min)."""
+        return collectives.reduce(value, op, device=self.device)
+
+    def gather(self, value: Any) -> list[Any]:
+        """Every rank's ``value`` in rank order, on every rank."""
+        return collectives.gather(value)
+
+    def barrier(self, name: str | None = None) -> None:
+        """Wait until every rank gets here; a ``name`` also checks they all reached the same
+        barrier, and names the ranks that did not arrive within ``timeout_s``."""
+        self._progress()
+        if self.strategy.multi_process and dist.is_initialized():
+            if name is None:
+                dist.barrier()
+            else:
+                collectives.named_barrier(
+                    name, timeout_s=self.config.timeout_s, group=collectives.gloo_group()
+                )
+        self._progress()
+
+    def _progress(self) -> None:
+        """Tell the hang watchdog this process moved (Run passes its step)."""
+        if self._watchdog is not None:
+            self._watchdog.progress(self._watchdog.step)
+
+    def print(self, *values: object, **kwargs: Any) -> None:
+        """``print`` on the main process only."""
+        self.console.print(*values, **kwargs)
+
+    def get_logger(self, name: str = "paratrain") -> logging.Logger:
+        """A ``logging.Logger`` that emits on the main process only."""
+        return self.console.logger(name)
+
+    def log(self, metrics: Mapping[str, float], *, step: int | None = None) -> None:
+        """Record scalars (main process): ``run_dir/metrics.jsonl`` and TensorBoard if enabled."""
+        self.console.log(metrics, step=self._default_step() if step is None else step)
+
+    def _default_step(self) -> int:
+        return 0
+
+    def save_weights(self, model: nn.Module, path: str | Path) -> Path:
+        """Save the full, unprefixed weights to ``path`` (collective; the main process writes)."""
+        self.strategy.sync_buffers(model)
+        state = self.strategy.full_state_dict(model)
+        path = Path(path)
+        if self.is_main:
+            atomic_torch_save(state, path)
+        self.barrier()
+        return path
+
+    # -- lifetime -------------------------------------------------------------------------
+    def close(self) -> None:
+        """Close logs and destroy the process group this run created. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._watchdog is not None:
+            self._watchdog.stop()
+        try:
+            self._before_close()
+        finally:
+            if hasattr(self, "console"):
+                self.console.close()
+            destroy_process_group(self._owns_group)
+
+    def _before_close(self) -> None:
+        """What a subclass must finish before the group goes (an asynchronous save)."""
+
+    def __enter__(self) -> Job:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,190 @@
+"""The run's side of checkpoints: its store, its identity, saves, resumes and the restart log.
+
+    ckpts = RunCheckpoints(parts)      # made by Run
+    ckpts.save(extras={"best": 0.9})   # collective
+    ckpts.resume(keep_global_batch=False)
+    ckpts.resume_if_restarted()        # after a torchrun restart: once, at the first loop action
+
+What a checkpoint holds and how it is written is :mod:`paratrain.checkpoint.resume`; this module
+decides *when* (explicitly, or on its own after a restart), refuses saves that would lose state,
+and records restarts in ``run_dir/restarts.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from paratrain.accumulation import Windows
+from paratrain.checkpoint import resume as checkpoints
+from paratrain.checkpoint.store import CheckpointStore
+from paratrain.config import RunConfig
+from paratrain.console import Console
+from paratrain.environment import LaunchEnv
+from paratrain.errors import ConfigError
+from paratrain.loop_state import LoopState
+from paratrain.precision import Precision
+from paratrain.run_dir import RunDir
+from paratrain.strategies import Strategy
+from paratrain.tracking import Tracked
+
+
+@dataclass(kw_only=True)
+class RunParts:
+    """The pieces of a Run that checkpoints read and restore."""
+
+    config: RunConfig
+    layout: RunDir
+    env: LaunchEnv
+    console: Console
+    strategy: Strategy
+    rank: int
+    world_size: int
+    tracked: Tracked
+    loop: LoopState
+    precision: Precision
+    windows: Windows
+
+
+class RunCheckpoints:
+    """Saves and resumes of one run."""
+
+    def __init__(self, parts: RunParts) -> None:
+        self.parts = parts
+        self.extras: dict[str, Any] = {}
+        self.resumed_from: Path | None = None
+        self.identity = checkpoints.Identity(run_id=_run_id(parts), lineage="")
+        self.identity.lineage = self.identity.run_id
+        self.auto_resume = parts.env.restart_count > 0
+        self.saved_global_batch: tuple[int | None, bool] | None = None
+        """(global batch, keep) of a resume that came before the first training loader."""
+        self._resumed_at_step: int | None = None
+        self._restart_recorded = False
+        self._store: CheckpointStore | None = None
+
+    @property
+    def directory(self) -> Path:
+        """``ckpt_dir``, default ``run_dir/checkpoints``."""
+        ckpt_dir = self.parts.config.ckpt_dir
+        return Path(ckpt_dir) if ckpt_dir else self.parts.layout.checkpoints
+
+    @property
+    def store(self) -> CheckpointStore:
+        """The checkpoint store (made on first use)."""
+        if self._store is None:
+            config = self.parts.config
+            self._store = CheckpointStore(
+                self.directory,
+                keep_last=config.keep_last,
+                check_timeout_s=config.timeout_s,
+                warn=self.parts.console.warn,
+            )
+        return self._store
+
+    def _pieces(self) -> checkpoints.Pieces:
+        p = self.parts
+        layout = checkpoints.Layout(
+            strategy=p.strategy.name,
+            world_size=p.world_size,
+            rank=p.rank,
+            sharded=p.strategy.sharded_state,
+            seed=p.config.seed,
+            unwrap=p.strategy.unwrap,
+        )
+        return checkpoints.Pieces(
+            tracked=p.tracked, loop=p.loop, precision=p.precision, layout=layout
+        )
+
+    def save(self, extras: dict[str, Any] | None) -> Path | None:
+        """Checkpoint everything registered (collective); refuse what would lose state."""
+        p = self.parts
+        pending = p.windows.pending()
+        if pending:
+            raise ConfigError(
+                "run.save() was called inside an accumulation window (gradients of "
+                f"{max(w.count for w in pending)} micro-batch(es) not yet applied). Call it "
+                "right after run.step(), when a step has been taken."
+            )
+        if p.tracked.pending:
+            p.console.warn(
+                f"the resumed checkpoint holds {sorted(p.tracked.pending)}, which this run "
+                "never registered; this save does not contain them. Register them (run.setup("
+                "..., name=), run.track(obj, name=), run.loader) before saving to keep them."
+            )
+        for unit in p.tracked.units:
+            p.strategy.sync_buffers(unit.module)
+        return checkpoints.save(
+            self._pieces(), self.store, self.identity, extras, background=p.config.async_save
+        )
+
+    def resume_if_restarted(self) -> checkpoints.Resumed | None:
+        """After a torchrun restart, resume once, as soon as a model is set up."""
+        if self.auto_resume and self.parts.tracked.units:
+            return self.resume(keep_global_batch=False)
+        return None
+
+    def already_resumed(self) -> bool:
+        """True when a resume happened and no step was taken since (resuming again is a no-op)."""
+        return self._resumed_at_step == self.parts.loop.global_step
+
+    def resume(self, *, keep_global_batch: bool) -> checkpoints.Resumed | None:
+        """Restore the newest valid checkpoint into the registered pieces (collective)."""
+        p = self.parts
+        restarted = self.auto_resume or p.env.restart_count > 0
+        self.auto_resume = False
+        resumed = checkpoints.resume(
+            self._pieces(),
+            self.store,
+            self.identity,
+            keep_global_batch=keep_global_batch,
+            say=p.console.print,
+            warn=p.console.warn,
+        )
+        self._resumed_at_step = p.loop.global_step
+        if resumed is not None:
+            self.extras, self.resumed_from = resumed.extras, resumed.folder
+            if not any(ld.train for ld in p.tracked.loaders):
+                self.saved_global_batch = (resumed.manifest.global_batch, keep_global_batch)
+        if restarted and not self._restart_recorded:
+            self._restart_recorded = True
+            self._record_restart(resumed is not None)
+        return resumed
+
+    def latest(self) -> checkpoints.CheckpointInfo | None:
+        """The newest valid checkpoint's manifest and extras (collective)."""
+        return checkpoints.latest(self.store, self.parts.rank)
+
+    def _record_restart(self, resumed: bool) -> None:
+        p = self.parts
+        if p.rank != 0:
+            return
+        record = {
+            "time": time.time(),
+            "restart": p.env.restart_count,
+            "step": p.loop.global_step,
+            "epoch": p.loop.epoch,
+            "resumed": resumed,
+            "checkpoint_dir": str(self.store.directory),
+        }
+        p.layout.restarts.parent.mkdir(parents=True, exist_ok=True)
+        with p.layout.restarts.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def close(self) -> None:
+        """Wait for an asynchronous save in flight."""
+        if self._store is not None:
+            self._store.wait()
+
+
+def _run_id(parts: RunParts) -> str:
+    """The job's id (torchrun/Slurm), else a fresh one chosen by rank 0."""
+    ids: list[Any] = [parts.env.job_id or uuid.uuid4().hex[:12]]
+    if parts.world_size > 1 and dist.is_initialized():
+        dist.broadcast_object_list(ids, src=0)
+    return str(ids[0])

@@ -1,0 +1,58 @@
+"""What ``run.step`` does to gradients: unscale, weigh a short window, clip, step, zero.
+
+    stepper = Stepper(precision, strategy, max_grad_norm=1.0)
+    stepped = stepper.apply(optimizer, correction=window.correction())
+    stepper.last_grad_norm
+    rounds.count(optimizer)      # True when this step begins a new round: global_step += 1
+
+With several optimizers, a *round* is the set of optimizers stepping once each (a GAN's D and
+G); the run's global step counts rounds, so it counts iterations, not optimizer calls.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.optim import Optimizer
+
+from paratrain.precision import Precision
+from paratrain.strategies import Strategy
+
+
+class Stepper:
+    """The gradient side of an optimizer step."""
+
+    def __init__(self, precision: Precision, strategy: Strategy, max_grad_norm: float | None):
+        self.precision, self.strategy, self.max_grad_norm = precision, strategy, max_grad_norm
+        self.last_grad_norm: float | None = None
+        """Gradient norm before clipping at the last step (when ``max_grad_norm`` is set)."""
+
+    def apply(self, optimizer: Optimizer, *, correction: float) -> bool:
+        """Unscale, multiply by ``correction``, clip, step, zero; True unless fp16 skipped."""
+        self.precision.unscale_(optimizer)
+        if correction != 1.0 or self.max_grad_norm is not None:
+            params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+            if correction != 1.0:
+                torch._foreach_mul_([p.grad for p in params], correction)
+            if self.max_grad_norm is not None:
+                self.last_grad_norm = self.strategy.clip_grad_norm(params, self.max_grad_norm)
+        stepped = self.precision.step(optimizer)
+        optimizer.zero_grad(set_to_none=True)
+        return stepped
+
+
+class StepRounds:
+    """One global step per round: a round ends when an optimizer steps a second time.
+
+    A GAN stepping D then G counts 1 per iteration; a critic stepped 5x per generator step
+    counts 5."""
+
+    def __init__(self) -> None:
+        self._round: set[int] = set()
+
+    def count(self, optimizer: Optimizer) -> bool:
+        """Note that ``optimizer`` stepped; True when this begins a new round."""
+        new = id(optimizer) in self._round or not self._round
+        if id(optimizer) in self._round:
+            self._round = set()
+        self._round.add(id(optimizer))
+        return new
