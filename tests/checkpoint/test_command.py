@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import save_file
 from torch import nn
 
 import paratrain as pt
@@ -88,3 +92,68 @@ def test_convert_never_overwrites_and_diff_reports(
     result = json.loads(out)
     assert code == 1 and not result["identical"] and "0.bias" in result["only_in_a"]
     assert "0.weight" in result["max_abs_diff"]
+
+
+@pytest.mark.parametrize(
+    "action", [["inspect"], ["verify"], ["convert", "--to", "pt"], ["diff"], ["diff", "--json"]]
+)
+@pytest.mark.parametrize("content", [b"just some text\n", b"root:x:0:0:root:/root:/bin/sh\n"])
+def test_files_that_are_not_checkpoints_are_one_message(
+    files: dict[str, Path], action: list[str], content: bytes, capsys: pytest.CaptureFixture[str]
+) -> None:
+    garbage = files["tmp"] / "notes.pt"
+    garbage.write_bytes(content)
+    paths = {
+        "inspect": [garbage],
+        "verify": [garbage],
+        "convert": [garbage, files["tmp"] / "out.pt"],
+        "diff": [files["dp"], garbage],
+    }[action[0]]
+    code, out, err = _cli([action[0], *map(str, paths), *action[1:]], capsys)
+    out, err = " ".join(out.split()), " ".join(err.split())  # the CLI wraps its messages
+    if action[0] == "verify":  # verify reports what it found; exit 1 = not intact
+        assert code == 1 and "is not a checkpoint" in out and "FAILED" in out
+    else:
+        assert code == 2 and "is not a checkpoint" in err and "paratrain reads" in err
+    assert not (files["tmp"] / "out.pt").exists()
+
+
+PARATRAIN = str(Path(sys.executable).parent / "paratrain")
+
+
+def _many_keys(path: Path, n: int) -> Path:
+    save_file({f"layer{i}.weight": torch.zeros(1) for i in range(n)}, str(path))
+    return path
+
+
+@pytest.mark.parametrize("action", ["inspect", "verify", "convert", "diff"])
+def test_output_into_a_closed_pipe_ends_quietly(
+    files: dict[str, Path], action: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    big = _many_keys(files["tmp"] / "big.safetensors", 6000)  # > 64 KiB of output: outlasts a pipe
+    args, expected = {
+        "inspect": (["inspect", str(big)], 0),
+        "verify": (["verify", str(files["root"])], 0),
+        "convert": (["convert", str(files["dp"]), str(files["tmp"] / "c.pt"), "--to", "pt"], 0),
+        "diff": (["diff", str(files["dp"]), str(big), "--json"], 1),
+    }[action]
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # whoever reads the output is gone before the first byte
+    stdout = open(write_end, "w")  # noqa: SIM115 (closed below, as the interpreter would at exit)
+    monkeypatch.setattr(sys, "stdout", stdout)
+    assert main(["ckpt", *args]) == expected
+    stdout.close()  # the flush at exit: raises BrokenPipeError unless stdout was redirected
+
+
+def test_diff_into_head_ends_quietly(files: dict[str, Path]) -> None:
+    """The reported case, end to end: a real process whose reader exits after one line."""
+    big = _many_keys(files["tmp"] / "big.safetensors", 6000)
+    result = subprocess.run(
+        f"'{PARATRAIN}' ckpt diff '{files['dp']}' '{big}' --json | head -1",
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.stdout == "{\n"
+    assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr

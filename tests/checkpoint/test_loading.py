@@ -5,17 +5,20 @@ from __future__ import annotations
 import io
 import os
 import pickle
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 from safetensors.torch import save_file
 from torch import nn
 
 import paratrain as pt
+from paratrain.checkpoint import inspection
 from paratrain.checkpoint.loading import read_state_dict
-from paratrain.errors import CheckpointError
+from paratrain.errors import CheckpointError, ConfigError
 from tests.support.training import mlp
 
 
@@ -124,16 +127,108 @@ class _Exploit:
         return (os.system, (f"touch {self.marker}",))
 
 
+def _dotted_global_pickle(marker: Path) -> bytes:
+    """Protocol 4 resolves dotted names: ``<allowed DCP module>.os.system`` reaches os.system."""
+    parts = ["torch.distributed.checkpoint.filesystem", "os.system", f"touch {marker}"]
+    ops = [b"\x8c" + bytes([len(p)]) + p.encode() for p in parts]
+    return b"\x80\x04" + ops[0] + ops[1] + b"\x93" + ops[2] + b"\x85R."
+
+
 def test_malicious_pickle_never_runs(tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
     torch.save({"weight": _Exploit(marker)}, tmp_path / "evil.pt")
-    (tmp_path / "evil_dcp").mkdir()
-    (tmp_path / "evil_dcp" / ".metadata").write_bytes(pickle.dumps(_Exploit(marker)))
+    for name, pickled in [
+        ("evil_dcp", pickle.dumps(_Exploit(marker))),
+        ("dotted_dcp", _dotted_global_pickle(marker)),
+    ]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / ".metadata").write_bytes(pickled)
     with pytest.raises(CheckpointError, match="pickled Python objects"):
         pt.load_weights(mlp(), tmp_path / "evil.pt")
     with pytest.raises(CheckpointError, match="not part of a checkpoint"):
         pt.load_weights(mlp(), tmp_path / "evil_dcp")
+    with pytest.raises(CheckpointError, match="not part of a checkpoint"):
+        pt.load_weights(mlp(), tmp_path / "dotted_dcp")
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("trust", ["no", "False", "", 0, 1, None, [True]], ids=repr)
+def test_trust_must_be_a_real_bool(tmp_path: Path, trust: Any) -> None:
+    marker = tmp_path / "pwned"
+    torch.save(_Exploit(marker), tmp_path / "whole_module.pt")  # runs code if unpickled freely
+    path = tmp_path / "whole_module.pt"
+    calls = [
+        lambda: pt.load_weights(mlp(), path, trust=trust),
+        lambda: read_state_dict(path, trust=trust),
+        lambda: inspection.inspect(path, trust=trust),
+        lambda: inspection.convert(path, tmp_path / "out.pt", to="pt", trust=trust),
+        lambda: inspection.diff(path, path, trust=trust),
+    ]
+    for call in calls:
+        with pytest.raises(ConfigError, match="trust must be True or False"):
+            call()
+    assert not marker.exists() and not (tmp_path / "out.pt").exists()
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"hello, this is a text file\n",
+        b"root:x:0:0:root:/root:/bin/bash\ndaemon:x:1:1::/usr/sbin:/usr/sbin/nologin\n",
+        b'{"not": "a checkpoint"}',
+        bytes(range(256)),
+    ],
+    ids=["text", "passwd", "json", "binary"],
+)
+def test_files_that_are_not_checkpoints(tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "weights.pt"
+    path.write_bytes(content)
+    with pytest.raises(CheckpointError, match="is not a checkpoint") as err:
+        pt.load_weights(mlp(), path)
+    assert "paratrain reads torch.save files" in str(err.value)
+
+
+@pytest.fixture
+def one_rank_group() -> Iterator[None]:
+    """A real 1-rank gloo process group: DDP and FSDP2 work on CPU with it."""
+    assert not dist.is_initialized()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _fully_sharded() -> nn.Module:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    model = _fresh()
+    fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
+    return model
+
+
+WRAPPED = {
+    "ddp": lambda: nn.parallel.DistributedDataParallel(_fresh()),
+    "compiled": lambda: torch.compile(_fresh()),
+    "ddp_of_compiled": lambda: nn.parallel.DistributedDataParallel(torch.compile(_fresh())),
+    "fsdp2": _fully_sharded,
+}
+
+
+@pytest.mark.parametrize("wrapper", sorted(WRAPPED))
+def test_wrapped_models_load(
+    tmp_path: Path, source: nn.Module, one_rank_group: None, wrapper: str
+) -> None:
+    torch.save(source.state_dict(), tmp_path / "w.pt")
+    model = WRAPPED[wrapper]()
+    report = pt.load_weights(model, tmp_path / "w.pt")
+    loaded = {
+        k: v.full_tensor() if hasattr(v, "full_tensor") else v
+        for k, v in pt.checkpoint.loading.unwrap(model).state_dict().items()
+    }
+    assert report.keys == 6 and loaded.keys() == source.state_dict().keys()
+    assert all(torch.equal(loaded[k], v) for k, v in source.state_dict().items())
 
 
 def _flip_inside_zip_record(path: Path) -> None:

@@ -4,16 +4,23 @@ paratrain ckpt inspect runs/exp/checkpoints/step-00000300
 paratrain ckpt verify runs/exp/checkpoints          # exit 1 when nothing valid is there
 paratrain ckpt convert old_dp.pth model.safetensors --to safetensors
 paratrain ckpt diff a.pt b.safetensors              # exit 1 when they differ
+paratrain ckpt diff a.pt b.pt | head -1             # a closed pipe ends the output quietly
+
+A file or folder that is not a readable checkpoint is a one-paragraph error and exit code 2.
+The work is done by :mod:`paratrain.checkpoint.inspection` (imported when an action runs: it
+needs torch); this module only parses arguments and prints.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
-FORMATS = ("pt", "safetensors", "dcp")
+from paratrain.checkpoint.formats import FORMATS
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -46,55 +53,68 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.set_defaults(handler=_diff)
 
 
-def _print(data: dict[str, Any], as_json: bool) -> None:
+def _emit(lines: list[str], code: int) -> int:
+    """Print ``lines``; return ``code``, also when the reader of stdout has gone away.
+
+    ``paratrain ckpt diff a b | head -1`` closes the pipe early. Python then raises
+    BrokenPipeError on the next write and again when it flushes stdout at exit; pointing stdout
+    at devnull ends the command quietly, as `cat` or `grep` would.
+    """
+    try:
+        for line in lines:
+            print(line)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    return code
+
+
+def _render(data: dict[str, Any], as_json: bool) -> list[str]:
     if as_json:
-        print(json.dumps(data, indent=2))
-        return
+        return [json.dumps(data, indent=2)]
+    lines = []
     for key, value in data.items():
         if isinstance(value, dict) and value:
-            print(f"{key}:")
-            for k, v in value.items():
-                print(f"  {k}: {v}")
+            lines.append(f"{key}:")
+            lines.extend(f"  {k}: {v}" for k, v in value.items())
         elif isinstance(value, list) and value and isinstance(value[0], dict):
-            print(f"{key}:")
-            for item in value:
-                print("  " + ", ".join(f"{k}={v}" for k, v in item.items()))
+            lines.append(f"{key}:")
+            lines.extend("  " + ", ".join(f"{k}={v}" for k, v in item.items()) for item in value)
         else:
-            print(f"{key}: {value}")
+            lines.append(f"{key}: {value}")
+    return lines
 
 
 def _inspect(args: argparse.Namespace) -> int:
     from paratrain.checkpoint import inspection
 
-    _print(inspection.inspect(args.path, trust=args.trust), args.json)
-    return 0
+    return _emit(_render(inspection.inspect(args.path, trust=args.trust), args.json), 0)
 
 
 def _verify(args: argparse.Namespace) -> int:
     from paratrain.checkpoint import inspection
 
     ok, lines = inspection.verify(args.path)
-    for line in lines:
-        print(line)
     if not ok:
-        print(f"FAILED: {args.path} is not intact; resume would skip it.")
-    return 0 if ok else 1
+        lines.append(f"FAILED: {args.path} is not intact; resume would skip it.")
+    return _emit(lines, 0 if ok else 1)
 
 
 def _convert(args: argparse.Namespace) -> int:
     from paratrain.checkpoint import inspection
 
     result = inspection.convert(args.src, args.dst, to=args.to, trust=args.trust)
-    print(
+    line = (
         f"wrote {result['path']} ({result['to']}, {result['tensors']} tensors, from "
         f"{result['from']}; {result['stripped']} keys lost a wrapper prefix)"
     )
-    return 0
+    return _emit([line], 0)
 
 
 def _diff(args: argparse.Namespace) -> int:
     from paratrain.checkpoint import inspection
 
     result = inspection.diff(args.a, args.b, trust=args.trust)
-    _print(result, args.json)
-    return 0 if result["identical"] else 1
+    return _emit(_render(result, args.json), 0 if result["identical"] else 1)

@@ -2,8 +2,11 @@
 
 DCP's ``.metadata`` is a pickle that ``FileSystemReader`` loads unrestricted, and its default load
 planner unpickles non-tensor values with ``weights_only=False``. :class:`SafeReader` allows only
-DCP's own metadata classes, and :class:`SafePlanner` loads values with ``weights_only=True``.
+DCP's own metadata classes (by exact name) and checks that the metadata describes data inside the
+folder; :class:`SafePlanner` loads values with ``weights_only=True``.
 
+    meta = read_metadata(folder)              # CheckpointError if unreadable, hostile or malformed
+    tensors = read_dcp_tensors(folder, prefix="model.")     # every tensor, without a model
     state = {"model": model_state}            # tensors to fill in place
     dcp.load(state, storage_reader=SafeReader(folder), planner=SafePlanner())
 """
@@ -11,20 +14,41 @@ DCP's own metadata classes, and :class:`SafePlanner` loads values with ``weights
 from __future__ import annotations
 
 import io
+import math
 import pickle
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
+import torch.distributed.checkpoint.metadata as dcp_metadata
 from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.filesystem import FileSystemReader
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.filesystem import FileSystemReader, _StorageInfo
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    StorageMeta,
+    TensorProperties,
+    TensorStorageMetadata,
+)
 from torch.distributed.checkpoint.planner import ReadItem
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
+from paratrain.checkpoint.formats import MALFORMED, describe
 from paratrain.errors import CheckpointError
 
+# Exact (module, name) pairs: a prefix rule would let a pickle reach any attribute of those modules
+# (a dotted name such as "os.system" resolves through their imports).
 _ALLOWED = {
+    *(
+        (dcp_metadata.__name__, name)
+        for name, obj in vars(dcp_metadata).items()
+        if isinstance(obj, type) and obj.__module__ == dcp_metadata.__name__
+    ),
+    (_StorageInfo.__module__, _StorageInfo.__name__),
     ("torch", "Size"),
     ("torch.serialization", "_get_layout"),
     ("collections", "OrderedDict"),
@@ -40,7 +64,7 @@ _ALLOWED = {
 
 class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
-        if module.startswith("torch.distributed.checkpoint.") or (module, name) in _ALLOWED:
+        if (module, name) in _ALLOWED:
             return super().find_class(module, name)
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
@@ -51,27 +75,164 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 
 def read_metadata(folder: Path) -> Metadata:
-    """The ``.metadata`` of a DCP folder, unpickled with an allow-list."""
+    """The ``.metadata`` of a DCP folder, unpickled with an allow-list and checked."""
     path = folder / ".metadata"
     try:
         meta = _MetadataUnpickler(io.BytesIO(path.read_bytes())).load()
-    except CheckpointError:
+    except CheckpointError:  # a refused global: its message says more than "corrupt"
         raise
-    except Exception as err:
-        raise CheckpointError(f"{path} is unreadable or corrupt ({err}).") from None
+    except (*MALFORMED, RuntimeError) as err:  # RuntimeError: TensorProperties.__setstate__
+        raise CheckpointError(
+            f"{path} is unreadable or corrupt ({describe(err)}). Use another copy "
+            "of the checkpoint."
+        ) from None
     if not isinstance(meta, Metadata):
-        raise CheckpointError(f"{path} does not hold DCP metadata.")
+        raise CheckpointError(
+            f"{path} does not hold DCP metadata (it holds a {type(meta).__name__}). Point at a "
+            "folder written by torch.distributed.checkpoint.save."
+        )
+    problem = _metadata_problem(meta, folder)
+    if problem:
+        raise CheckpointError(f"{path} is corrupt or hostile: {problem}. It was not loaded.")
     return meta
 
 
+def _is_size(value: object) -> TypeGuard[torch.Size]:
+    return isinstance(value, torch.Size) and all(n >= 0 for n in value)
+
+
+# Unpickling sets attributes from the file (BUILD): a damaged name leaves a field missing, so every
+# field is read with getattr(..., None) until the metadata has been checked.
+
+
+def _entry_problem(fqn: object, entry: object) -> str:
+    if not isinstance(fqn, str):
+        return f"a key is a {type(fqn).__name__}, not a name"
+    if isinstance(entry, BytesStorageMetadata):
+        return ""
+    if not isinstance(entry, TensorStorageMetadata):
+        return f"{fqn} is described by a {type(entry).__name__}"
+    props, size = getattr(entry, "properties", None), getattr(entry, "size", None)
+    if not isinstance(props, TensorProperties) or not isinstance(
+        getattr(props, "dtype", None), torch.dtype
+    ):
+        return f"{fqn} has no valid dtype"
+    if not _is_size(size):
+        return f"{fqn} has an invalid size {size!r}"
+    chunks = getattr(entry, "chunks", None)
+    if not isinstance(chunks, list) or not all(
+        isinstance(c, dcp_metadata.ChunkStorageMetadata)
+        and _is_size(getattr(c, "offsets", None))
+        and _is_size(getattr(c, "sizes", None))
+        and len(c.offsets) == len(c.sizes) == len(size)
+        for c in chunks
+    ):
+        return f"{fqn} has invalid chunks"
+    return ""
+
+
+def _storage_problem(index: object, info: object, sizes: dict[str, int]) -> str:
+    fqn = getattr(index, "fqn", None)
+    if not isinstance(index, MetadataIndex) or not isinstance(fqn, str):
+        return "a storage entry has an invalid index"
+    if not isinstance(info, _StorageInfo):
+        return f"the storage of {fqn} is a {type(info).__name__}"
+    name, offset, length, descriptors = (
+        getattr(info, field, None)
+        for field in ("relative_path", "offset", "length", "transform_descriptors")
+    )
+    if not isinstance(name, str) or name not in sizes:
+        return f"the data of {fqn} is said to be in {name!r}, not a data file of the folder"
+    if type(offset) is not int or type(length) is not int or offset < 0 or length < 0:
+        return f"the data of {fqn} has an invalid range ({offset!r}, {length!r})"
+    if offset + length > sizes[name]:
+        return (
+            f"the data of {fqn} lies beyond the end of {name} "
+            f"(bytes {offset}..{offset + length} of {sizes[name]})"
+        )
+    if descriptors is not None and not (
+        isinstance(descriptors, (list, tuple)) and all(isinstance(d, str) for d in descriptors)
+    ):
+        return f"the data of {fqn} has invalid transforms {descriptors!r}"
+    return ""
+
+
+def _metadata_problem(meta: Metadata, folder: Path) -> str:
+    """What is wrong with unpickled metadata; '' when it describes data inside ``folder``."""
+    entries = getattr(meta, "state_dict_metadata", None)
+    storage = getattr(meta, "storage_data", None)
+    if not isinstance(entries, dict):
+        return "state_dict_metadata is missing or not a mapping"
+    if not isinstance(storage, dict):
+        return "storage_data is missing or not a mapping"
+    # Only plain files of the folder itself: a relative path could reach any file on the machine.
+    sizes = {p.name: p.stat().st_size for p in folder.iterdir() if p.is_file()}
+    sizes.pop(".metadata", None)
+    for fqn, entry in entries.items():
+        problem = _entry_problem(fqn, entry)
+        if problem:
+            return problem
+    for index, info in storage.items():
+        problem = _storage_problem(index, info, sizes)
+        if problem:
+            return problem
+    return ""
+
+
+def read_dcp_tensors(folder: Path, *, prefix: str) -> dict[str, torch.Tensor]:
+    """The tensors of a DCP folder whose names start with ``prefix``, with the prefix removed."""
+    meta = read_metadata(folder)
+    state = {
+        fqn: _empty_like_stored(folder, meta, fqn)
+        for fqn, m in meta.state_dict_metadata.items()
+        if isinstance(m, TensorStorageMetadata) and fqn.startswith(prefix)
+    }
+    try:
+        with warnings.catch_warnings():  # "assuming ... a single process": that is the intent
+            warnings.simplefilter("ignore", UserWarning)
+            reader = SafeReader(str(folder))
+            dcp_load(state, storage_reader=reader, planner=SafePlanner(), no_dist=True)
+    except CheckpointException as err:  # DCP wraps every failure of its steps in this
+        causes = [exc for exc, _ in err.failures.values()]
+        ours = [exc for exc in causes if isinstance(exc, CheckpointError)]
+        if ours:
+            raise ours[0] from None
+        detail = "; ".join(describe(exc) for exc in causes)
+        raise CheckpointError(
+            f"{folder} could not be read as a DCP checkpoint ({detail}). Its data files are "
+            "damaged or do not match its .metadata: use another copy."
+        ) from None
+    return {k[len(prefix) :]: v for k, v in state.items()}
+
+
+def _empty_like_stored(folder: Path, meta: Metadata, fqn: str) -> torch.Tensor:
+    """An uninitialised tensor for ``fqn``, after checking the folder stores that many bytes."""
+    entry = meta.state_dict_metadata[fqn]
+    assert isinstance(entry, TensorStorageMetadata)  # filtered by the caller
+    dtype = entry.properties.dtype
+    needed = math.prod(entry.size) * dtype.itemsize  # Python ints: a hostile size cannot overflow
+    stored = [info for index, info in meta.storage_data.items() if index.fqn == fqn]
+    if not any(info.transform_descriptors for info in stored):  # uncompressed: bytes >= tensor
+        have = sum(info.length for info in stored)
+        if needed > have:
+            raise CheckpointError(
+                f"{folder / '.metadata'} declares {fqn} as {tuple(entry.size)} {dtype} "
+                f"({needed} bytes) but stores only {have} bytes for it: the metadata is corrupt. "
+                "Use another copy of the checkpoint."
+            )
+    return torch.empty(entry.size, dtype=dtype)
+
+
 class SafeReader(FileSystemReader):
-    """A FileSystemReader whose metadata is unpickled with an allow-list."""
+    """A FileSystemReader whose metadata is unpickled with an allow-list and checked."""
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        """The checked metadata of the folder (see :func:`read_metadata`)."""
         meta = read_metadata(Path(self.path))
-        storage = meta.storage_meta if meta.storage_meta is not None else StorageMeta()
+        storage = getattr(meta, "storage_meta", None)
+        if not isinstance(storage, StorageMeta):
+            storage = meta.storage_meta = StorageMeta()
         storage.load_id = self.load_id
-        meta.storage_meta = storage
         return meta
 
 
@@ -79,6 +240,7 @@ class SafePlanner(DefaultLoadPlanner):
     """Loads non-tensor values with ``weights_only=True``."""
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        """Unpickle one non-tensor value with ``weights_only=True``."""
         loaded = torch.load(value, weights_only=True)
         if self.flatten_state_dict:
             set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)

@@ -5,7 +5,8 @@
     convert("old_dp.pth", "model.safetensors", to="safetensors")
     diff("a.pt", "b.safetensors")
 
-``paratrain ckpt`` renders these; see :mod:`paratrain.checkpoint.command`.
+Anything that is not a readable checkpoint raises :class:`~paratrain.errors.CheckpointError`
+(``verify`` reports it as a problem instead). ``paratrain ckpt`` renders the results.
 """
 
 from __future__ import annotations
@@ -17,9 +18,14 @@ from typing import Any
 
 import torch
 
-from paratrain.checkpoint.command import FORMATS
 from paratrain.checkpoint.files import atomic_replace, atomic_torch_save, write_safetensors
-from paratrain.checkpoint.loading import WRAPPER_PARTS, read_state_dict, strip_wrappers
+from paratrain.checkpoint.formats import FORMATS, describe
+from paratrain.checkpoint.loading import (
+    WRAPPER_PARTS,
+    read_state_dict,
+    require_bool,
+    strip_wrappers,
+)
 from paratrain.checkpoint.manifest import MANIFEST, Manifest
 from paratrain.checkpoint.store import PREFIX, load_trainer
 from paratrain.errors import CheckpointError
@@ -42,7 +48,11 @@ def _checkpoints_in(path: Path) -> list[Path]:
 
 
 def inspect(path: str | Path, *, trust: bool = False) -> dict[str, Any]:
-    """Format, tensors, prefixes, and for paratrain checkpoints the saved run and resume state."""
+    """Format, tensors, prefixes, and for paratrain checkpoints the saved run and resume state.
+
+    A folder of paratrain checkpoints (``step-*``) gives each one's validity instead.
+    """
+    require_bool("trust", trust)
     path = Path(path)
     if path.is_dir() and not (path / MANIFEST).exists() and _checkpoints_in(path):
         entries = []
@@ -57,27 +67,49 @@ def inspect(path: str | Path, *, trust: bool = False) -> dict[str, Any]:
     state, fmt = read_state_dict(path, trust=trust)
     report: dict[str, Any] = {"path": str(path), "format": fmt, **_summary(state)}
     if (path / MANIFEST).is_file():
-        manifest = Manifest.read(path)
-        trainer = load_trainer(path)
-        report["saved_by"] = {
+        report.update(_saved_run(path))
+    return report
+
+
+def _saved_run(folder: Path) -> dict[str, Any]:
+    manifest = Manifest.read(folder)
+    trainer = load_trainer(folder)
+    if not isinstance(trainer, dict):
+        raise CheckpointError(
+            f"{folder / 'trainer.pt'} holds a {type(trainer).__name__}, not the trainer state "
+            "paratrain writes; the checkpoint is damaged. Use another checkpoint."
+        )
+    rng, extras = trainer.get("rng"), trainer.get("extras")
+    schedulers = trainer.get("schedulers")
+    if not isinstance(schedulers, dict):  # format 1: one scheduler or none
+        schedulers = {"scheduler": 1} if trainer.get("scheduler") is not None else {}
+    return {
+        "saved_by": {
             "strategy": manifest.strategy,
             "world_size": manifest.world_size,
             "layout": manifest.layout,
             "global_batch": manifest.global_batch,
             "paratrain": manifest.paratrain_version,
             "torch": manifest.torch_version,
-        }
-        report["resume_state"] = {
+        },
+        "resume_state": {
             "epoch": manifest.epoch,
             "step": manifest.step,
             "samples_in_epoch": manifest.samples_in_epoch,
-            "optimizer": (path / "optimizer.safetensors").is_file() or (path / "dcp").is_dir(),
-            "scheduler": trainer.get("scheduler") is not None,
+            "optimizer": (folder / "optimizer.safetensors").is_file() or (folder / "dcp").is_dir(),
+            "models": list(manifest.models),
+            "schedulers": sorted(map(str, schedulers)),
+            "loaders": _names(trainer.get("loaders")),
+            "tracked": _names(trainer.get("objects")),
             "grad_scaler": trainer.get("scaler") is not None,
-            "rng_ranks": len(trainer.get("rng", [])),
-            "extras": sorted(trainer.get("extras", {})),
-        }
-    return report
+            "rng_ranks": len(rng) if isinstance(rng, list) else 0,
+            "extras": sorted(map(str, extras)) if isinstance(extras, dict) else [],
+        },
+    }
+
+
+def _names(entry: object) -> list[str]:
+    return sorted(map(str, entry)) if isinstance(entry, dict) else []
 
 
 def verify(path: str | Path) -> tuple[bool, list[str]]:
@@ -110,6 +142,7 @@ def verify(path: str | Path) -> tuple[bool, list[str]]:
 
 def convert(src: str | Path, dst: str | Path, *, to: str, trust: bool = False) -> dict[str, Any]:
     """Rewrite ``src`` as ``to`` at ``dst``, keys without wrapper prefixes; never overwrites."""
+    require_bool("trust", trust)
     if to not in FORMATS:
         raise CheckpointError(f"Unknown target format {to!r}. Available: {', '.join(FORMATS)}.")
     dst = Path(dst)
@@ -124,18 +157,7 @@ def convert(src: str | Path, dst: str | Path, *, to: str, trust: bool = False) -
             f"{src}: stripping wrapper prefixes would merge keys; convert "
             "it with the prefixes kept by loading it into its model first."
         )
-    if to == "pt":
-        atomic_torch_save(clean, dst)
-    elif to == "safetensors":
-        atomic_replace(dst, lambda tmp: write_safetensors(tmp, clean))
-    else:
-        from torch.distributed.checkpoint.filesystem import FileSystemWriter
-        from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
-
-        with warnings.catch_warnings():  # "assuming ... a single process": that is the intent
-            warnings.simplefilter("ignore", UserWarning)
-            writer = FileSystemWriter(str(dst), overwrite=False)
-            dcp_save(clean, storage_writer=writer, no_dist=True)
+    _write(clean, dst, to, src)
     return {
         "from": fmt,
         "to": to,
@@ -145,8 +167,66 @@ def convert(src: str | Path, dst: str | Path, *, to: str, trust: bool = False) -
     }
 
 
+def _write(state: dict[str, torch.Tensor], dst: Path, to: str, src: str | Path) -> None:
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+    from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+    try:
+        if to == "pt":
+            atomic_torch_save(state, dst)
+        elif to == "safetensors":
+            _write_safetensors(state, dst, src)
+        else:
+            with warnings.catch_warnings():  # "assuming ... a single process": that is the intent
+                warnings.simplefilter("ignore", UserWarning)
+                writer = FileSystemWriter(str(dst), overwrite=False)
+                dcp_save(state, storage_writer=writer, no_dist=True)
+    except (OSError, CheckpointException) as err:  # DCP wraps its writers' errors
+        raise CheckpointError(
+            f"{dst} could not be written ({describe(err)}). Check that its folder exists and is "
+            "writable, and that the disk has space."
+        ) from None
+
+
+def _write_safetensors(state: dict[str, torch.Tensor], dst: Path, src: str | Path) -> None:
+    try:
+        atomic_replace(dst, lambda tmp: write_safetensors(tmp, state))
+    except TypeError as err:  # write_safetensors' word for a dtype the format cannot hold
+        raise CheckpointError(
+            f"{src} cannot be written as safetensors: {err}. Convert it with --to pt or --to dcp."
+        ) from None
+
+
+def _max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Largest absolute difference of two tensors of one shape and dtype; inf if not numeric."""
+    if a.numel() == 0 or torch.equal(_raw(a), _raw(b)):
+        return 0.0
+    if a.dtype in _NOT_NUMERIC:
+        return float("inf")
+    wide = torch.complex128 if a.dtype.is_complex else torch.float64
+    return float((a.to(wide) - b.to(wide)).abs().max())
+
+
+def _raw(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+# Bit containers and packed 4-bit floats: torch compares their bytes but has no arithmetic.
+_NOT_NUMERIC = {
+    getattr(torch, name)
+    for name in ("bits1x8", "bits2x4", "bits4x2", "bits8", "bits16", "float4_e2m1fn_x2")
+    if hasattr(torch, name)
+}
+
+
 def diff(a: str | Path, b: str | Path, *, trust: bool = False) -> dict[str, Any]:
-    """Keys only in one side, shape/dtype changes, and the largest value differences."""
+    """Keys only in one side, shape/dtype changes, and the largest value differences.
+
+    Tensors are equal when their bytes are; ``inf`` marks a difference in a dtype torch has no
+    arithmetic for (``bits8``, packed 4-bit floats).
+    """
+    require_bool("trust", trust)
     sa, _ = read_state_dict(a, trust=trust)
     sb, _ = read_state_dict(b, trust=trust)
     sa = {strip_wrappers(k): v for k, v in sa.items()}
@@ -159,7 +239,7 @@ def diff(a: str | Path, b: str | Path, *, trust: bool = False) -> dict[str, Any]
     ]
     deltas = sorted(
         (
-            (float((sa[k].double() - sb[k].double()).abs().max()) if sa[k].numel() else 0.0, k)
+            (_max_abs_diff(sa[k], sb[k]), k)
             for k in common
             if sa[k].shape == sb[k].shape and sa[k].dtype == sb[k].dtype
         ),

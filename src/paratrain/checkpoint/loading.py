@@ -6,31 +6,38 @@
 Formats: plain state dicts (.pt/.pth/.bin/.ckpt), nested ones (``{"state_dict": ...}``,
 ``{"model": ...}``, Lightning), ``module.``/``_orig_mod.``/FSDP prefixes at any depth, safetensors,
 Accelerate ``save_state`` folders, DCP folders and paratrain checkpoints. ``torch.load`` always runs
-with ``weights_only=True``; a pickled ``nn.Module`` needs ``trust=True``.
+with ``weights_only=True``; a pickled ``nn.Module`` needs ``trust=True`` (a real ``bool``).
+Anything else, damaged files and files that are not checkpoints at all, raises
+:class:`~paratrain.errors.CheckpointError` saying what the file is not and what is accepted.
+The model given to :func:`load_weights` may be wrapped in ``DataParallel``,
+``DistributedDataParallel`` or ``torch.compile``, or sharded with FSDP2's ``fully_shard``.
 """
 
 from __future__ import annotations
 
-import pickle
-import warnings
-import zipfile
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
 from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
 
-from paratrain.checkpoint.dcp_io import SafePlanner, SafeReader, read_metadata
+from paratrain.checkpoint.dcp_io import read_dcp_tensors
+from paratrain.checkpoint.formats import ACCEPTED
 from paratrain.checkpoint.manifest import MANIFEST, Manifest
-from paratrain.errors import CheckpointError
+from paratrain.checkpoint.weight_files import (
+    MapLocation,
+    move_to,
+    read_safetensors,
+    read_weights_file,
+)
+from paratrain.errors import CheckpointError, ConfigError
 
 WRAPPER_PARTS = ("module", "_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module")
-NESTED_KEYS = ("state_dict", "model_state_dict", "model", "module", "net", "weights")
 ACCELERATE_FILES = ("model.safetensors", "pytorch_model.bin", "model.bin", "pytorch_model.pt")
-MapLocation = str | torch.device | dict[str, str] | None
 
 
 @dataclass(kw_only=True)
@@ -48,28 +55,99 @@ class LoadReport:
 def load_weights(
     model: nn.Module, path: str | Path, *, map_location: MapLocation = "cpu", trust: bool = False
 ) -> LoadReport:
-    """Load weights from ``path`` into ``model`` strictly; explain any mismatch."""
+    """Load weights from ``path`` into ``model`` strictly; explain any mismatch.
+
+    ``model`` may be wrapped (``DataParallel``, ``DistributedDataParallel``, ``torch.compile``)
+    or sharded with FSDP2 (then every rank calls this; each loads its own shards).
+    """
+    require_bool("trust", trust)
     state, fmt = read_state_dict(path, map_location=map_location, trust=trust)
-    target = model.module if isinstance(model, (nn.DataParallel,)) else model
+    target = unwrap(model)
     expected = target.state_dict()
     state, stripped = match_keys(state, set(expected))
     problems = mismatch_report(state, expected)
     if problems:
         raise CheckpointError(f"{path} does not match {type(target).__name__}: {problems}")
-    target.load_state_dict(state, strict=True)
+    _load_into(target, state, expected, path)
     return LoadReport(format=fmt, keys=len(state), stripped=stripped)
+
+
+def require_bool(name: str, value: object) -> bool:
+    """``value`` if it is a real ``bool``; a ConfigError naming ``name`` otherwise.
+
+    Guards such as ``trust`` must not accept ``"no"`` or ``0``: any non-empty string is truthy.
+    """
+    if not isinstance(value, bool):
+        raise ConfigError(
+            f"{name} must be True or False, got {value!r} ({type(value).__name__}). Pass "
+            f"{name}=True or {name}=False; other values are refused because a string such as "
+            "'no' would count as true."
+        )
+    return value
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The module inside ``DataParallel``/``DistributedDataParallel``/``torch.compile`` wrappers.
+
+    FSDP2 (``fully_shard``) changes the module in place, so it has nothing to unwrap.
+    """
+    # Imported by torch.compile itself; importing it here would cost ~2 s on every load.
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    while True:
+        if isinstance(model, (nn.DataParallel, DistributedDataParallel)):
+            model = model.module
+        elif eval_frame is not None and isinstance(model, eval_frame.OptimizedModule):
+            model = model._orig_mod
+        else:
+            return model
+
+
+def _load_into(
+    target: nn.Module, state: dict[str, torch.Tensor], expected: dict[str, Any], path: str | Path
+) -> None:
+    try:
+        if any(isinstance(v, DTensor) for v in expected.values()):  # FSDP2: shard the full ones
+            from torch.distributed.checkpoint.state_dict import (
+                StateDictOptions,
+                set_model_state_dict,
+            )
+
+            options = StateDictOptions(full_state_dict=True, strict=True)
+            set_model_state_dict(target, dict[str, Any](state), options=options)
+        else:
+            target.load_state_dict(state, strict=True)
+    except RuntimeError as err:  # load_state_dict collects copy errors (dtype, layout) into one
+        raise CheckpointError(
+            f"{path} matches {type(target).__name__} by name and shape, but its tensors cannot "
+            f"be copied into the model ({err}). Check the file's dtypes with `paratrain ckpt "
+            "inspect`."
+        ) from None
 
 
 def read_state_dict(
     path: str | Path, *, map_location: MapLocation = "cpu", trust: bool = False
 ) -> tuple[dict[str, torch.Tensor], str]:
-    """The tensors stored at ``path`` (file or folder) and the name of the format."""
+    """The tensors stored at ``path`` (file or folder) and the name of the format.
+
+    Raises CheckpointError for anything that is not a readable checkpoint.
+    """
+    require_bool("trust", trust)
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{path} does not exist. Check the path.")
     if path.is_dir():
-        return _read_dir(path, map_location, trust)
-    return _read_file(path, map_location, trust)
+        state, fmt = _read_dir(path, map_location, trust)
+    elif path.is_file():
+        state, fmt = read_weights_file(path, map_location, trust=trust)
+    else:
+        raise CheckpointError(f"{path} is not a regular file or a folder. {ACCEPTED}")
+    odd = [k for k, v in state.items() if v.layout != torch.strided or v.is_quantized or v.is_meta]
+    if odd:
+        raise CheckpointError(
+            f"{path} holds sparse, quantized or data-less (meta) tensors ({odd[:5]}); paratrain "
+            "reads dense weights only. Re-save them dense, e.g. {k: v.to_dense() ...}."
+        )
+    return state, fmt
 
 
 def _read_dir(path: Path, map_location: MapLocation, trust: bool) -> tuple[dict[str, Any], str]:
@@ -78,120 +156,21 @@ def _read_dir(path: Path, map_location: MapLocation, trust: bool) -> tuple[dict[
         if problems:
             raise CheckpointError(f"{path} is damaged: {'; '.join(problems)}.")
         if (path / "model.safetensors").is_file():
-            return _move(load_file(str(path / "model.safetensors")), map_location), "paratrain"
-        state = _read_dcp(path / "dcp", prefix="model.")
-        return _move(state, map_location), "paratrain (sharded)"
+            return read_safetensors(path / "model.safetensors", map_location), "paratrain"
+        state = read_dcp_tensors(path / "dcp", prefix="model.")
+        return move_to(state, map_location), "paratrain (sharded)"
     if (path / ".metadata").is_file():
-        return _move(_read_dcp(path, prefix=""), map_location), "dcp"
+        return move_to(read_dcp_tensors(path, prefix=""), map_location), "dcp"
     for name in ACCELERATE_FILES:
         if (path / name).is_file():
-            state, _ = _read_file(path / name, map_location, trust)
+            state, _ = read_weights_file(path / name, map_location, trust=trust)
             return state, f"accelerate folder ({name})"
     listing = ", ".join(sorted(p.name for p in path.iterdir())[:8]) or "nothing"
     raise CheckpointError(
         f"{path} is a directory but not a checkpoint folder paratrain knows (it holds: "
         f"{listing}). Point at the weights file itself, or at a paratrain, DCP or Accelerate "
-        "checkpoint folder."
+        f"checkpoint folder. {ACCEPTED}"
     )
-
-
-def _read_dcp(folder: Path, *, prefix: str) -> dict[str, torch.Tensor]:
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-    from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
-
-    meta = read_metadata(folder)
-    state = {
-        fqn: torch.empty(m.size, dtype=m.properties.dtype)
-        for fqn, m in meta.state_dict_metadata.items()
-        if isinstance(m, TensorStorageMetadata) and fqn.startswith(prefix)
-    }
-    try:
-        with warnings.catch_warnings():  # "assuming ... a single process": that is the intent
-            warnings.simplefilter("ignore", UserWarning)
-            reader = SafeReader(str(folder))
-            dcp_load(state, storage_reader=reader, planner=SafePlanner(), no_dist=True)
-    except Exception as err:
-        raise CheckpointError(f"{folder} could not be read as a DCP checkpoint: {err}") from None
-    return {k[len(prefix) :]: v for k, v in state.items()}
-
-
-def _read_file(path: Path, map_location: MapLocation, trust: bool) -> tuple[dict[str, Any], str]:
-    size = path.stat().st_size
-    if size == 0:
-        raise CheckpointError(f"{path} is empty (0 bytes): the save was interrupted or failed.")
-    with path.open("rb") as f:
-        head = f.read(16)
-    if len(head) >= 9 and head[8:9] == b"{":
-        try:
-            return _move(load_file(str(path)), map_location), "safetensors"
-        except (SafetensorError, OSError, ValueError) as err:
-            raise CheckpointError(f"{path} is a damaged safetensors file ({err}).") from None
-    fmt = "torch.save (legacy pickle)"
-    if zipfile.is_zipfile(path):
-        fmt = "torch.save (zip)"
-        _check_zip(path)
-    elif head[:2] == b"PK":
-        raise CheckpointError(
-            f"{path} is truncated: its zip directory is missing ({size} bytes). Re-save it or "
-            "use an earlier copy."
-        )
-    return _extract(_torch_load(path, map_location, trust)), fmt
-
-
-def _check_zip(path: Path) -> None:
-    try:
-        with zipfile.ZipFile(path) as archive:
-            bad = archive.testzip()
-    except (zipfile.BadZipFile, OSError, EOFError) as err:
-        raise CheckpointError(f"{path} is truncated or corrupt ({err}).") from None
-    if bad is not None:
-        raise CheckpointError(
-            f"{path} is corrupt: the record {bad} fails its CRC check (a flipped or damaged "
-            "byte). Use another copy of the file."
-        )
-
-
-def _torch_load(path: Path, map_location: MapLocation, trust: bool) -> Any:
-    try:
-        return torch.load(path, map_location=map_location, weights_only=not trust)
-    except pickle.UnpicklingError as err:
-        if "weights_only" not in str(err) and "Unsupported global" not in str(err):
-            raise CheckpointError(f"{path} is truncated or corrupt ({err}).") from None
-        raise CheckpointError(
-            f"{path} contains pickled Python objects, not just tensors (e.g. a whole model "
-            "saved with torch.save(model)); loading it would run code from the file. "
-            "paratrain refused. If you trust its origin, pass trust=True (CLI: --trust); "
-            "better, re-save it as model.state_dict()."
-        ) from None
-    except (RuntimeError, EOFError, ValueError) as err:
-        raise CheckpointError(f"{path} is truncated or corrupt ({err}).") from None
-
-
-def _extract(obj: Any) -> dict[str, torch.Tensor]:
-    if isinstance(obj, nn.Module):
-        return dict(obj.state_dict())
-    if isinstance(obj, dict):
-        tensors = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
-        if tensors and len(tensors) == len(obj):
-            return tensors
-        for key in NESTED_KEYS:
-            if key in obj and isinstance(obj[key], (dict, nn.Module)):
-                return _extract(obj[key])
-        if tensors:
-            return tensors
-    raise CheckpointError(
-        f"Found no weights in the file (top level: {type(obj).__name__}"
-        + (f" with keys {sorted(obj)[:8]}" if isinstance(obj, dict) else "")
-        + "). Save model.state_dict(), or a dict holding it under 'state_dict' or 'model'."
-    )
-
-
-def _move(state: dict[str, torch.Tensor], map_location: MapLocation) -> dict[str, torch.Tensor]:
-    if map_location is None or map_location == "cpu":
-        return state
-    if isinstance(map_location, dict):
-        return {k: v.to(map_location.get(str(v.device), str(v.device))) for k, v in state.items()}
-    return {k: v.to(map_location) for k, v in state.items()}
 
 
 def strip_wrappers(key: str) -> str:
@@ -202,7 +181,7 @@ def strip_wrappers(key: str) -> str:
 def match_keys(
     state: dict[str, torch.Tensor], expected: set[str]
 ) -> tuple[dict[str, torch.Tensor], list[str]]:
-    """Remove wrapper prefixes, then one common leading prefix if that makes the keys match."""
+    """Remove wrapper prefixes, then one common leading prefix if that makes more keys match."""
     stripped: list[str] = []
     clean = {strip_wrappers(k): v for k, v in state.items()}
     if clean.keys() != state.keys():
