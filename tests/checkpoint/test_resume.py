@@ -167,3 +167,21 @@ def test_changed_global_batch_is_kept_through_grad_accum_when_asked(
         run.resume(keep_global_batch=True)
         assert run.config.grad_accum == 2
     assert "grad_accum set to 2 to keep the global batch 4" in capsys.readouterr().out
+
+
+def test_state_with_uncommon_dtypes_saves_and_resumes(tmp_path: Path) -> None:
+    def model() -> nn.Module:
+        net = nn.Linear(2, 2)
+        net.register_buffer("codes", torch.tensor([1, 2, 3], dtype=torch.int32).to(torch.uint16))
+        net.register_buffer("scales", torch.tensor([0.5, 2.0]).to(torch.float8_e4m3fn))
+        return net
+
+    with pt.Run(strategy="cpu", ckpt_dir=tmp_path, progress=False) as run:
+        saved = run.setup(model())
+        run.save()
+    with pt.Run(strategy="cpu", ckpt_dir=tmp_path, progress=False) as run:
+        restored = run.setup(model())
+        run.resume()
+    for name in ("codes", "scales"):
+        a, b = getattr(saved, name), getattr(restored, name)
+        assert a.dtype == b.dtype and bytes(a.view(torch.uint8)) == bytes(b.view(torch.uint8))

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from paratrain.errors import CheckpointError
+
 _CHUNK = 64 * 2**20
 _ST_DTYPES = {
     torch.float64: "F64",
@@ -33,6 +35,12 @@ _ST_DTYPES = {
     torch.int8: "I8",
     torch.uint8: "U8",
     torch.bool: "BOOL",
+    torch.uint16: "U16",
+    torch.uint32: "U32",
+    torch.uint64: "U64",
+    torch.float8_e4m3fn: "F8_E4M3",
+    torch.float8_e5m2: "F8_E5M2",
+    torch.complex64: "C64",
 }
 
 
@@ -95,7 +103,10 @@ def write_safetensors(
     offset = 0
     for name, tensor in tensors.items():
         if tensor.dtype not in _ST_DTYPES:
-            raise TypeError(f"safetensors cannot hold {tensor.dtype} ({name})")
+            raise CheckpointError(
+                f"{name} is a {tensor.dtype} tensor, which the safetensors format cannot hold. "
+                f"Convert it (e.g. to {torch.float32}) before saving, or keep it out of the state."
+            )
         view = _tensor_bytes(tensor)
         header[name] = {
             "dtype": _ST_DTYPES[tensor.dtype],

@@ -192,9 +192,9 @@ def _write(state: dict[str, torch.Tensor], dst: Path, to: str, src: str | Path) 
 def _write_safetensors(state: dict[str, torch.Tensor], dst: Path, src: str | Path) -> None:
     try:
         atomic_replace(dst, lambda tmp: write_safetensors(tmp, state))
-    except TypeError as err:  # write_safetensors' word for a dtype the format cannot hold
+    except CheckpointError as err:  # a dtype the format cannot hold
         raise CheckpointError(
-            f"{src} cannot be written as safetensors: {err}. Convert it with --to pt or --to dcp."
+            f"{src} cannot be written as safetensors: {err} Or convert it with --to pt or --to dcp."
         ) from None
 
 
