@@ -361,3 +361,16 @@ def test_reduce_keeps_numpy_types_in_one_process() -> None:
     with pt.Run(strategy="cpu", progress=False) as run:
         value = np.float32(1.5)
         assert run.reduce(value) == value and isinstance(run.reduce(value), np.float32)
+
+
+def test_accumulate_takes_the_inner_model_and_refuses_strangers() -> None:
+    with pt.Run(strategy="cpu", grad_accum=2, progress=False) as run:
+        net = mlp()
+        model, opt = run.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
+        x, y = dataset(4)[:]
+        for _ in range(2):
+            with run.accumulate(run.unwrap(model)):
+                run.backward(nn.functional.cross_entropy(model(x), y))
+        assert run.step(opt)
+        with pytest.raises(ConfigError, match="did not return"), run.accumulate(mlp()):
+            pass

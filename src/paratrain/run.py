@@ -279,13 +279,14 @@ class Run(Job):
     def accumulate(self, model: nn.Module) -> Iterator[None]:
         """Run one micro-batch of ``model``; its gradients sync only on a window's last one."""
         self._hooks.loop_action()
-        key = id(model)
+        wrapped = self._set_up(model).module  # no_sync works on the wrapper, not the inner model
+        key = id(wrapped)
         window = self._windows.begin(key, last=self._hooks.last_micro_batch(key))
         try:
             if window.sync:
                 yield
             else:
-                with self.strategy.no_sync(model):
+                with self.strategy.no_sync(wrapped):
                     yield
         finally:
             self._windows.end(key)
@@ -333,6 +334,16 @@ class Run(Job):
                     data_wait_s=sum(ld.data_wait_s for ld in loaders),
                 )
         return stepped
+
+    def _set_up(self, model: nn.Module) -> Unit:
+        """The unit of ``model`` as run.setup returned it, or of the module inside it."""
+        for unit in self.tracked.units:
+            if model is unit.module or model is self.strategy.unwrap(unit.module):
+                return unit
+        raise ConfigError(
+            f"run.accumulate got a {type(model).__name__} that run.setup did not return. Pass the "
+            "model as returned by run.setup(model, ...) (its gradients are the ones to hold)."
+        )
 
     def _attach(self, optimizer: Optimizer) -> Unit:
         unit = self.tracked.attach_optimizer(optimizer)
