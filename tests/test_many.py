@@ -212,7 +212,7 @@ def _accumulated_steps(shape: str) -> tuple[int, list[float]]:
     with pt.Run(strategy="cpu", grad_accum=2, progress=False) as run:
         net = mlp()
         model, opt = run.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
-        main = run.loader(dataset(48), batch_size=8)  # 6 micro-batches: 3 steps
+        main = run.loader(dataset(40), batch_size=8)  # 5 micro-batches: windows of 2, 2, 1
         aux = run.loader(dataset(40, seed=5), batch_size=4)
         steps, norms = 0, []
         for _ in run.epochs(1):
@@ -337,7 +337,7 @@ def test_iterable_dataset_on_several_ranks_is_warned_about() -> None:
 def test_range_epochs_reshuffle_and_warn(capsys: pytest.CaptureFixture[str]) -> None:
     with pt.Run(strategy="cpu", progress=False) as run:
         loader = run.loader(dataset(32), batch_size=32)
-        orders = [next(iter(loader))[0][:, 0].tolist() for _ in range(3)]
+        orders = [torch.cat([x for x, _ in loader])[:, 0].tolist() for _ in range(3)]
     assert orders[0] != orders[1] != orders[2]
     assert "Loop with `for epoch in run.epochs(N):`" in capsys.readouterr().err
 
@@ -374,3 +374,64 @@ def test_accumulate_takes_the_inner_model_and_refuses_strangers() -> None:
         assert run.step(opt)
         with pytest.raises(ConfigError, match="did not return"), run.accumulate(mlp()):
             pass
+
+
+def _aux_run(tmp_path: Path, *, stop: bool, resume: bool) -> tuple[list[float], Any]:
+    """An auxiliary loader read with next(iter(aux)) each step; save at step 5."""
+    with pt.Run(strategy="cpu", ckpt_dir=tmp_path, progress=False) as run:
+        net = mlp()
+        model, opt = run.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
+        main = run.loader(dataset(16), batch_size=4)
+        aux = run.loader(dataset(12, seed=3), batch_size=4)
+        if resume:
+            run.resume()
+        seen = []
+        for _ in run.epochs(3):
+            for x, y in main:
+                ax, ay = next(iter(aux))
+                seen.append(round(float(ax[0, 0]), 4))
+                loss = nn.functional.cross_entropy(model(torch.cat([x, ax])), torch.cat([y, ay]))
+                run.backward(loss)
+                run.step(opt)
+                if stop and run.global_step == 5:
+                    run.save()
+                    return seen, None
+        return seen, run.unwrap(model).state_dict()
+
+
+def test_auxiliary_loader_read_with_next_iter_resumes_exactly(tmp_path: Path) -> None:
+    straight, weights = _aux_run(tmp_path / "a", stop=False, resume=False)
+    first, _ = _aux_run(tmp_path / "b", stop=True, resume=False)
+    rest, resumed = _aux_run(tmp_path / "b", stop=False, resume=True)
+    assert first + rest == straight
+    assert max_abs_diff(resumed, weights) == 0.0
+
+
+def _range_run(tmp_path: Path, *, stop: int | None, resume: bool) -> tuple[list[Any], Any]:
+    """`for epoch in range(start, 4)` with a save after each epoch (no run.epochs)."""
+    with pt.Run(strategy="cpu", ckpt_dir=tmp_path, progress=False) as run:
+        net = mlp()
+        model, opt = run.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
+        loader = run.loader(dataset(8), batch_size=4)
+        start = run.resume()["epoch"] + 1 if resume else 0
+        seen = []
+        for epoch in range(start, 4):
+            for x, y in loader:
+                seen.append((epoch, round(float(x[0, 0]), 4)))
+                run.backward(nn.functional.cross_entropy(model(x), y))
+                run.step(opt)
+            run.save(extras={"epoch": epoch})
+            if epoch == stop:
+                return seen, None
+        return seen, run.unwrap(model).state_dict()
+
+
+@pytest.mark.parametrize("stop", [0, 1, 2])
+def test_range_epoch_loop_with_end_of_epoch_saves_resumes_exactly(
+    tmp_path: Path, stop: int
+) -> None:
+    straight, weights = _range_run(tmp_path / "a", stop=None, resume=False)
+    first, _ = _range_run(tmp_path / "b", stop=stop, resume=False)
+    rest, resumed = _range_run(tmp_path / "b", stop=None, resume=True)
+    assert first + rest == straight and len(straight) == 8
+    assert max_abs_diff(resumed, weights) == 0.0

@@ -106,6 +106,9 @@ class Position:
     """Samples of the global order consumed in that pass, by all ranks together."""
     finished: bool = False
     """True once that pass ran to its end."""
+    running: bool = True
+    """True while that pass is being iterated; a pass left before its end (``break``,
+    ``next(iter(loader))``) is over, and the next one starts afresh."""
 
 
 class DeviceLoader(Generic[T]):
@@ -148,7 +151,7 @@ class DeviceLoader(Generic[T]):
     # -- position ------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The loader's position (plain data)."""
-        return dataclasses.asdict(self.position)
+        return {**dataclasses.asdict(self.position), "running": self.in_progress}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state`` at the next pass (a resumed run)."""
@@ -160,11 +163,14 @@ class DeviceLoader(Generic[T]):
         run_epoch = self.hooks.current_epoch()
         last, restored = self.position, self._restored
         if restored is not None and restored.epoch >= run_epoch:
-            if restored.finished:  # consumed before the save: this pass is empty
+            if restored.running and not restored.finished:  # saved mid-pass: continue it
+                return restored.epoch, restored.samples
+            if restored.finished and restored.epoch == run_epoch:
+                # Saved while another loader was mid-pass, after this one's pass of the epoch
+                # ended: that pass was consumed before the save, so it is empty now.
                 return restored.epoch, self._size()
-            return restored.epoch, restored.samples
         if last.epoch >= run_epoch:
-            return last.epoch + 1, 0  # a second pass in one epoch
+            return last.epoch + 1, 0  # another pass in one epoch: shuffled as the next
         return run_epoch, 0
 
     def _size(self) -> int:
@@ -194,17 +200,26 @@ class DeviceLoader(Generic[T]):
             return self._iterate(self.hooks.current_epoch(), 0)
         epoch, start = self._next_pass()
         if self._restored is None and self.position.epoch >= self.hooks.current_epoch():
-            self._warn_second_pass(epoch)
+            self._warn_second_pass(epoch, abandoned=not self.position.finished)
         self._restored = None
         return self._iterate(epoch, start)
 
-    def _warn_second_pass(self, epoch: int) -> None:
+    def _warn_second_pass(self, epoch: int, *, abandoned: bool) -> None:
         if self._warned_second_pass:
             return
         self._warned_second_pass = True
+        now = self.hooks.current_epoch()
+        if abandoned:
+            self.hooks.warn(
+                f"{self.name} started a new pass before its last one ended (every "
+                "`iter(loader)` starts a pass, e.g. `next(iter(aux))`); passes are shuffled as "
+                f"successive epochs ({epoch} now) so they do not repeat. To walk the whole "
+                "loader once, keep one iterator (itertools.cycle, or iter() once per epoch)."
+            )
+            return
         self.hooks.warn(
-            f"{self.name} started a new pass while epoch {self.hooks.current_epoch()} already had "
-            f"one; it is shuffled as epoch {epoch} so it does not repeat the order. Loop with "
+            f"{self.name} started a new pass while epoch {now} already had one; it is shuffled "
+            f"as epoch {epoch} so it does not repeat the order. Loop with "
             "`for epoch in run.epochs(N):` so that samplers, checkpoints and resume know the "
             "epoch (a `for epoch in range(N)` loop never tells them)."
         )

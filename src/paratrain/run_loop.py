@@ -157,12 +157,18 @@ class LoopHooks:
 
         The driver is the training loader whose running pass started first (the loop's own
         loader, not an auxiliary one read inside it). Micro-batches are counted per model from
-        the start of that pass, so a loader that reads ahead does not end a window early."""
-        running = [ld for ld in self.run.tracked.loaders if ld.train and ld.in_progress]
-        if not running:
-            return False
-        driver = min(running, key=lambda ld: ld.pass_id)
+        the start of that pass, so a wrapper that reads ahead ends the window neither early
+        (the loader is done before the loop is) nor never (the pass ended a batch ago)."""
+        loaders = [ld for ld in self.run.tracked.loaders if ld.train]
+        running = [ld for ld in loaders if ld.in_progress]
         pass_id, count = self._in_pass.get(key, (-1, 0))
+        if running:
+            driver = min(running, key=lambda ld: ld.pass_id)
+        else:  # a wrapper that reads ahead has already finished the pass it is still handing out
+            ended = [ld for ld in loaders if ld.pass_id == pass_id]
+            if not ended:
+                return False
+            driver = ended[0]
         count = count + 1 if pass_id == driver.pass_id else 1
         self._in_pass[key] = (driver.pass_id, count)
         return driver.pass_length is not None and count >= driver.pass_length

@@ -265,6 +265,7 @@ def _restore_rest(pieces: Pieces, trainer: dict[str, Any]) -> None:
         loop.epoch, loop.global_step = int(pos["epoch"]), int(pos["step"])
         samples = int(pos["samples_in_epoch"])
         loaders = {"loader": {"epoch": loop.epoch, "samples": samples, "finished": False}}
+        loaders["loader"]["running"] = samples > 0
         schedulers = {"scheduler": trainer["scheduler"]} if trainer.get("scheduler") else {}
         objects = {}
     by_name = {ld.name: ld for ld in tracked.loaders}
