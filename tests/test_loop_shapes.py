@@ -261,3 +261,13 @@ def test_changed_global_batch_is_reported_when_the_loader_comes_after_resume(
         run.loader(dataset(16), batch_size=4)
     assert "global batch changed from 8 (saved) to 4" in capsys.readouterr().err
     assert model is not None
+
+
+def test_setup_twice_and_overlong_names_are_refused() -> None:
+    with pt.Run(strategy="cpu", progress=False) as run:
+        net = mlp()
+        run.setup(net)
+        with pytest.raises(ModelError, match="already given to"):
+            run.setup(net)
+        with pytest.raises(ConfigError, match="1 to 64 letters"):
+            run.setup(mlp(), name="a" * 65)

@@ -4,6 +4,7 @@ hand-written torch loop it replaces."""
 from __future__ import annotations
 
 import copy
+import enum
 import itertools
 from pathlib import Path
 from typing import Any
@@ -251,10 +252,20 @@ def test_extras_that_cannot_be_resumed_are_converted_or_refused(tmp_path: Path) 
         run.save(extras={**extras, "arr": np.zeros(0, dtype=np.float32).sum()})
         with pytest.raises(CheckpointError, match="extras\\['obj'\\] holds a"):
             run.save(extras={"obj": object()})
+        bad: list[Any] = [
+            {"per_class": {object(): 1}},
+            {"when": np.datetime64("2026-01-01")},
+            {"mixed": np.array([1, "a"], dtype=object)},
+            {"kind": enum.Enum("Kind", "A").A},
+        ]
+        for extras_value in bad:
+            with pytest.raises(CheckpointError, match="extras"):
+                run.save(extras=extras_value)
+        run.save(extras={**extras, "per_class": {np.int64(3): 0.9, Path("x"): 1}})
     with pt.Run(strategy="cpu", ckpt_dir=tmp_path, progress=False) as run:
         run.setup(mlp())
         got = run.resume()
-    assert got == {"best": 0.91, "f32": 0.5, "path": "/data", "arr": 0.0}
+    assert got == {"best": 0.91, "f32": 0.5, "path": "/data", "per_class": {3: 0.9, "x": 1}}
     assert type(got["best"]) is float
 
 

@@ -32,7 +32,7 @@ def test_model_without_parameters_is_refused() -> None:
 def test_wrapped_model_is_refused() -> None:
     with pt.Run(strategy="cpu") as run:
         model = run.setup(mlp())
-        with pytest.raises(ModelError, match="already wrapped"):
+        with pytest.raises(ModelError, match="already given to"):
             run.setup(model)
 
 

@@ -34,7 +34,12 @@ def check_model(model: nn.Module) -> None:
     """Raise :class:`ModelError` for a model that ``Run.setup`` cannot train."""
     if not isinstance(model, nn.Module):
         raise ModelError(f"run.setup expects a torch.nn.Module, got {type(model).__name__}.")
-    if type(model).__name__ in _WRAPPERS or getattr(model, "_paratrain_setup", False):
+    if getattr(model, "_paratrain_setup", False):
+        raise ModelError(
+            f"This {type(model).__name__} was already given to run.setup. Call run.setup once "
+            "per model and train the model it returned (model, opt = run.setup(model, opt))."
+        )
+    if type(model).__name__ in _WRAPPERS:
         raise ModelError(
             f"The model is already wrapped ({type(model).__name__}). Pass the plain module to "
             "run.setup; it wraps it for the chosen strategy."
@@ -110,4 +115,5 @@ def prepare_model(
     if precision.dtype is not None:
         forward_in_autocast(strategy.unwrap(wrapped), precision)
     wrapped._paratrain_setup = True  # type: ignore[assignment]
+    strategy.unwrap(wrapped)._paratrain_setup = True  # type: ignore[assignment]
     return wrapped

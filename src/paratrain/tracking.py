@@ -26,7 +26,7 @@ from torch.optim import Optimizer
 from paratrain.data import DeviceLoader
 from paratrain.errors import ConfigError, ModelError
 
-_NAME = re.compile(r"[A-Za-z0-9_\-]+")
+_NAME = re.compile(r"[A-Za-z0-9_\-]{1,64}")
 
 
 @dataclass(slots=True)
@@ -133,7 +133,8 @@ class Tracked:
             return name
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise ConfigError(
-                f"name {name!r} is not usable in a checkpoint: use letters, digits, _ and - only."
+                f"name {name!r} is not usable in a checkpoint: use 1 to 64 letters, digits, _ "
+                "and - only."
             )
         if name in taken:
             raise ConfigError(
