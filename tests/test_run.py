@@ -56,11 +56,24 @@ def test_loader_refuses_a_sampler_and_bad_batch_size() -> None:
             run.loader(dataset(), batch_size=0)
 
 
-def test_precision_bf16_runs_the_forward_in_bf16() -> None:
+def test_precision_bf16_runs_the_forward_in_bf16_and_returns_fp32() -> None:
     with pt.Run(strategy="cpu", precision="bf16") as run:
         model = run.setup(mlp())
-        assert model(torch.randn(2, 6)).dtype == torch.bfloat16
+        inner: list[torch.dtype] = []
+        model[0].register_forward_hook(lambda m, a, out: inner.append(out.dtype))
+        x = torch.randn(2, 6)
+        out = model(x)
+        assert inner == [torch.bfloat16]  # computed in bf16
+        assert out.dtype == torch.float32  # handed back in fp32, so the loss runs in fp32
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert torch.equal(out, mlp_copy(model)(x).float())
         assert run.unwrap(model).state_dict().keys() == mlp().state_dict().keys()
+
+
+def mlp_copy(model: torch.nn.Module) -> torch.nn.Module:
+    plain = mlp()
+    plain.load_state_dict(model.state_dict())
+    return plain
 
 
 def test_fp16_exposes_its_scaler_and_steps() -> None:

@@ -4,9 +4,11 @@
   (leaving a model split over devices where it is, or refusing), autocast the forward.
 - :func:`check_model` refuses models that cannot train (no parameters, already wrapped).
 - :func:`forward_in_autocast` runs the model's forward under autocast, so a ``bf16`` run never
-  silently computes in fp32 because the user forgot a context manager. It uses forward hooks, so
-  ``copy.deepcopy(model)`` and ``AveragedModel(model)`` (EMA, SWA, teachers) run their *own*
-  forward under autocast, not the original's.
+  silently computes in fp32 because the user forgot a context manager, and hands floating-point
+  outputs back in fp32 (as Fabric and Accelerate do), so a loss computed after the forward runs
+  in fp32 as in torch's recipe (``with autocast(): loss = criterion(model(x), y)``). It uses
+  forward hooks, so ``copy.deepcopy(model)`` and ``AveragedModel(model)`` (EMA, SWA, teachers)
+  run their *own* forward under autocast, not the original's.
 - :func:`model_devices` finds models the user already split over several devices.
 - :func:`rebind_optimizer` points an optimizer built on the plain model at the parameters the
   strategy created (FSDP replaces every parameter by a sharded one).
@@ -20,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.optim import Optimizer
+from torch.utils._pytree import tree_map_only
 
 from paratrain.activation_checkpointing import apply_activation_checkpointing
 from paratrain.errors import ModelError
@@ -62,13 +65,22 @@ def forward_in_autocast(model: nn.Module, precision: Precision) -> None:
         context.__enter__()
         stack.append(context)
 
-    def leave(module: nn.Module, args: Any, output: Any) -> None:
+    def leave(module: nn.Module, args: Any, output: Any) -> Any:
         stack = contexts.__dict__.get("stack")
         if stack:
             stack.pop().__exit__(None, None, None)
+        if stack:  # an inner module of an autocast model: the outer one converts at the end
+            return output
+        return tree_map_only(torch.Tensor, _to_fp32, output)
 
     model.register_forward_pre_hook(enter)
     model.register_forward_hook(leave, always_call=True)
+
+
+def _to_fp32(tensor: torch.Tensor) -> torch.Tensor:
+    if tensor.dtype in (torch.float16, torch.bfloat16):
+        return tensor.float()
+    return tensor
 
 
 def model_devices(model: nn.Module) -> set[torch.device]:

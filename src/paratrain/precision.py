@@ -23,6 +23,7 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
+from torch.amp.grad_scaler import OptState
 
 from paratrain.errors import EnvironmentMismatchError
 
@@ -59,8 +60,13 @@ class Precision:
         return self.scaler.scale(loss) if self.scaler is not None else loss
 
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
-        """Divide the gradients by the loss scale in place, so clipping sees true values."""
-        if self.scaler is not None:
+        """Divide the gradients by the loss scale in place, so clipping sees true values
+        (once per round: a second call before the optimizer steps does nothing)."""
+        if self.scaler is None:
+            return
+        self._begin(optimizer)
+        state = self.scaler._per_optimizer_states[id(optimizer)]
+        if state["stage"] is not OptState.UNSCALED:
             self.scaler.unscale_(optimizer)
 
     def step(self, optimizer: torch.optim.Optimizer) -> bool:
@@ -68,8 +74,7 @@ class Precision:
         if self.scaler is None:
             optimizer.step()
             return True
-        if id(optimizer) in self._round:  # a new round began: finish the last one first
-            self._update()
+        self._begin(optimizer)
         self.scaler.step(optimizer)
         found = self.scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
         stepped = not any(float(v) for v in found.values())
@@ -77,6 +82,10 @@ class Precision:
         if self._round >= self.optimizers:
             self._update()
         return stepped
+
+    def _begin(self, optimizer: torch.optim.Optimizer) -> None:
+        if id(optimizer) in self._round:  # a new round began: finish the last one first
+            self._update()
 
     def _update(self) -> None:
         assert self.scaler is not None

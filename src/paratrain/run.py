@@ -317,7 +317,7 @@ class Run(Job):
         if window is not None and (not window.sync or id(optimizer) in window.stepped):
             return False
         correction = window.correction() if window is not None else 1.0
-        stepped = self._stepper.apply(optimizer, correction=correction)
+        stepped = self._stepper.apply(optimizer, unit.optimizers, correction=correction)
         if window is not None:
             window.stepped.add(id(optimizer))
         if stepped:

@@ -1,12 +1,14 @@
 """What ``run.step`` does to gradients: unscale, weigh a short window, clip, step, zero.
 
     stepper = Stepper(precision, strategy, max_grad_norm=1.0)
-    stepped = stepper.apply(optimizer, correction=window.correction())
+    stepped = stepper.apply(optimizer, unit.optimizers, correction=window.correction())
     stepper.last_grad_norm
     rounds.count(optimizer)      # True when this step begins a new round: global_step += 1
 
-With several optimizers, a *round* is the set of optimizers stepping once each (a GAN's D and
-G); the run's global step counts rounds, so it counts iterations, not optimizer calls.
+Several optimizers of one model are prepared together, as in torch's AMP recipe: the first of
+them to step in a window unscales all of them and clips the model's total gradient norm once;
+the others then only step. With several optimizers, a *round* is the set of optimizers stepping
+once each (a GAN's D and G); the run's global step counts rounds, so it counts iterations.
 """
 
 from __future__ import annotations
@@ -25,19 +27,37 @@ class Stepper:
         self.precision, self.strategy, self.max_grad_norm = precision, strategy, max_grad_norm
         self.last_grad_norm: float | None = None
         """Gradient norm before clipping at the last step (when ``max_grad_norm`` is set)."""
+        self._prepared: set[int] = set()
 
-    def apply(self, optimizer: Optimizer, *, correction: float) -> bool:
-        """Unscale, multiply by ``correction``, clip, step, zero; True unless fp16 skipped."""
-        self.precision.unscale_(optimizer)
+    def apply(self, optimizer: Optimizer, siblings: list[Optimizer], *, correction: float) -> bool:
+        """Step ``optimizer``; the first of ``siblings`` (its model's optimizers) to step
+        unscales, multiplies by ``correction`` and clips for all. True unless fp16 skipped."""
+        if id(optimizer) in self._prepared:
+            self._prepared.discard(id(optimizer))
+        else:
+            others = [o for o in siblings if o is not optimizer]
+            self._prepare([optimizer, *others], correction)
+            self._prepared -= {id(o) for o in siblings}
+            self._prepared |= {id(o) for o in others}
+        stepped = self.precision.step(optimizer)
+        optimizer.zero_grad(set_to_none=True)
+        return stepped
+
+    def _prepare(self, optimizers: list[Optimizer], correction: float) -> None:
+        for optimizer in optimizers:
+            self.precision.unscale_(optimizer)
         if correction != 1.0 or self.max_grad_norm is not None:
-            params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+            params = [
+                p
+                for optimizer in optimizers
+                for g in optimizer.param_groups
+                for p in g["params"]
+                if p.grad is not None
+            ]
             if correction != 1.0:
                 torch._foreach_mul_([p.grad for p in params], correction)
             if self.max_grad_norm is not None:
                 self.last_grad_norm = self.strategy.clip_grad_norm(params, self.max_grad_norm)
-        stepped = self.precision.step(optimizer)
-        optimizer.zero_grad(set_to_none=True)
-        return stepped
 
 
 class StepRounds:
