@@ -3,6 +3,7 @@ several saves per step, restarts mid-loop, models built from checkpoint values."
 
 from __future__ import annotations
 
+import pydoc
 from pathlib import Path
 from typing import Any
 
@@ -271,3 +272,14 @@ def test_setup_twice_and_overlong_names_are_refused() -> None:
             run.setup(net)
         with pytest.raises(ConfigError, match="1 to 64 letters"):
             run.setup(mlp(), name="a" * 65)
+
+
+def test_help_lists_the_public_attributes_and_the_store_reads_well(tmp_path: Path) -> None:
+    text = pydoc.render_doc(pt.Run, renderer=pydoc.plaintext)
+    for name in ("device", "global_step", "epoch", "run_dir", "restart_count", "rank_seed"):
+        assert f"{name}\n" in text or f" {name}" in text
+    with pt.Run(strategy="cpu", ckpt_dir=tmp_path, progress=False) as run:
+        run.setup(mlp())
+        run.save()
+        assert repr(run.store) == f"CheckpointStore({str(tmp_path)!r}, keep_last=3, checkpoints=1)"
+        assert "strategy='cpu'" in repr(run)
