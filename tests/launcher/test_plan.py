@@ -130,3 +130,14 @@ def test_failure_message_points_only_at_a_known_run_dir(tmp_path: Path) -> None:
     (tmp_path / "r.json").write_text('{"run_dir": "/abs/run"}')
     assert reported_run_dir(tmp_path / "r.json", known=None) == Path("/abs/run")
     assert reported_run_dir(tmp_path / "missing.json", known=tmp_path) == tmp_path
+
+
+def test_failure_summary_skips_a_rank_that_only_lost_its_peer() -> None:
+    report = (
+        "[rank0]: RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:31384.\n"
+        "Failures:\n[1]:\n  time      : t\n  host      : h\n  rank      : 1 (local_rank: 1)\n"
+        "  exitcode  : 5 (pid: 12)\n--------\nRoot Cause (first observed failure):\n[0]:\n"
+        "  time      : t\n  host      : h\n  rank      : 0 (local_rank: 0)\n"
+        "  exitcode  : 1 (pid: 11)\n"
+    )
+    assert failure_summary(report) == "rank 1 (local rank 1) exited with code 5"

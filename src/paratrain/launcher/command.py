@@ -26,6 +26,7 @@ from pathlib import Path
 
 from paratrain.environment import read_report
 from paratrain.errors import ParatrainError
+from paratrain.launcher.ranks import SECONDARY_ERRORS
 from paratrain.launcher.supervise import STOPPED, supervise
 from paratrain.run_dir import RunDir
 from paratrain.watchdog import diagnose
@@ -63,21 +64,35 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def failure_summary(output: str) -> str | None:
-    """'rank 1 (local rank 1) was killed by SIGKILL' from torchrun's failure report."""
+    """'rank 1 (local rank 1) was killed by SIGKILL' from torchrun's failure report.
+
+    torchrun names the first failure it observed; when that rank only lost its peer (its output
+    says so), the rank that failed on its own is named instead."""
+    start = output.rfind("Failures:")
     root = output.rfind("Root Cause")
     if root < 0:
         return None
-    block = output[root:]
-    rank = re.search(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)", block)
-    code = re.search(r"exitcode\s*:\s*(-?\d+)", block)
-    if rank is None or code is None:
+    entries = [
+        (int(m.group(1)), int(m.group(2)), int(m.group(3)))
+        for block in (output[root:], output[start:root] if 0 <= start < root else "")
+        for m in re.finditer(
+            r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)\s*\n\s*exitcode\s*:\s*(-?\d+)", block
+        )
+    ]
+    if not entries:
         return None
-    exit_code = int(code.group(1))
+    lost_peer = {r for r, _, _ in entries if _only_lost_its_peer(output, r)}
+    rank, local, exit_code = next((e for e in entries if e[0] not in lost_peer), entries[0])
     if exit_code < 0:
         how = f"was killed by {signal.Signals(-exit_code).name}"
     else:
         how = f"exited with code {exit_code}"
-    return f"rank {rank.group(1)} (local rank {rank.group(2)}) {how}"
+    return f"rank {rank} (local rank {local}) {how}"
+
+
+def _only_lost_its_peer(output: str, rank: int) -> bool:
+    lines = [line for line in output.splitlines() if line.startswith(f"[rank{rank}]:")]
+    return any(marker in line for line in lines for marker in SECONDARY_ERRORS)
 
 
 def run_command(args: argparse.Namespace) -> int:

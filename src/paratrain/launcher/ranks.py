@@ -41,7 +41,7 @@ from paratrain.ports import free_port
 
 POLL_S = 0.2
 """How often the parent checks for a rank that died without a word."""
-_SECONDARY = (
+SECONDARY_ERRORS = (
     "Connection closed by peer",
     "Connection reset",
     "remote worker",
@@ -301,7 +301,7 @@ def _record(
         values[rank] = _decode(kind, payload)
         return
     text = payload.decode(errors="replace")
-    failures.append(Failure(rank, text, secondary=any(s in text for s in _SECONDARY)))
+    failures.append(Failure(rank, text, secondary=any(s in text for s in SECONDARY_ERRORS)))
 
 
 def _drain(out: Any, done: set[int], values: dict[int, Any], failures: list[Failure]) -> None:
