@@ -107,8 +107,9 @@ class Position:
     finished: bool = False
     """True once that pass ran to its end."""
     running: bool = True
-    """True while that pass is being iterated; a pass left before its end (``break``,
-    ``next(iter(loader))``) is over, and the next one starts afresh."""
+    """True while that pass is being iterated. A pass left before its end (``break``,
+    ``next(iter(loader))``) is over: the next pass of the same epoch starts that epoch's order
+    from the beginning, as torch's DistributedSampler does."""
 
 
 class DeviceLoader(Generic[T]):
@@ -169,8 +170,10 @@ class DeviceLoader(Generic[T]):
                 # Saved while another loader was mid-pass, after this one's pass of the epoch
                 # ended: that pass was consumed before the save, so it is empty now.
                 return restored.epoch, self._size()
+        if last.epoch >= run_epoch and last.finished:
+            return last.epoch + 1, 0  # another full pass in one epoch: shuffled as the next
         if last.epoch >= run_epoch:
-            return last.epoch + 1, 0  # another pass in one epoch: shuffled as the next
+            return last.epoch, 0  # a pass left early (a peek, `next(iter(...))`) starts over
         return run_epoch, 0
 
     def _size(self) -> int:
@@ -211,10 +214,11 @@ class DeviceLoader(Generic[T]):
         now = self.hooks.current_epoch()
         if abandoned:
             self.hooks.warn(
-                f"{self.name} started a new pass before its last one ended (every "
-                "`iter(loader)` starts a pass, e.g. `next(iter(aux))`); passes are shuffled as "
-                f"successive epochs ({epoch} now) so they do not repeat. To walk the whole "
-                "loader once, keep one iterator (itertools.cycle, or iter() once per epoch)."
+                f"{self.name} started its pass of epoch {epoch} again before the last one ended: "
+                "every `iter(loader)` starts the epoch's order from the beginning (as with "
+                "torch's DistributedSampler), so `next(iter(loader))` in a loop gives the same "
+                "batch every time. Keep one iterator to walk the loader (it = iter(loader) once "
+                "per epoch, then next(it))."
             )
             return
         self.hooks.warn(
