@@ -65,14 +65,20 @@ def _sync(device: torch.device) -> None:
 
 
 def _batches(
-    spec: ModelSpec, settings: Settings, device: torch.device, loader: Any
+    spec: ModelSpec,
+    settings: Settings,
+    device: torch.device,
+    loader: Any,
+    epochs: Iterator[int] | None = None,
 ) -> Iterator[tuple[Any, torch.Tensor]]:
+    """Endless batches: one fixed batch, or the loader's passes, one per epoch."""
     if loader is None:
         fixed = spec.batch(settings.batch_size, device)
         return itertools.repeat(fixed)
+    passes = (loader for _ in epochs) if epochs is not None else itertools.repeat(loader)
     return (
         tuple(t.to(device, non_blocking=True) for t in b)
-        for b in itertools.chain.from_iterable(itertools.repeat(loader))
+        for b in itertools.chain.from_iterable(passes)
     )
 
 
@@ -95,7 +101,7 @@ def paratrain_loop(spec: ModelSpec, config: Config, settings: Settings) -> list[
         if settings.data == "loader":
             with contextlib.redirect_stdout(io.StringIO()):
                 loader = run.loader(_dataset(spec, settings), batch_size=settings.batch_size)
-        batches = _batches(spec, settings, run.device, loader)
+        batches = _batches(spec, settings, run.device, loader, run.epochs(2**62))
         return _timed_steps(
             settings,
             run.device,
