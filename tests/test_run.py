@@ -16,7 +16,7 @@ from tests.support.training import dataset, mlp
         (dict(grad_accum=0), "grad_accum must be a positive integer"),
         (dict(grad_accum=-2), "grad_accum must be a positive integer"),
         (dict(precision="fp8"), "Available: fp32, bf16, fp16"),
-        (dict(max_grad_norm=0), "max_grad_norm must be > 0"),
+        (dict(max_grad_norm=0), "max_grad_norm must be None or a number above 0"),
     ],
 )
 def test_bad_settings(settings: dict[str, object], needle: str) -> None:

@@ -9,8 +9,14 @@ machine vs GPUs) happen when the strategy is chosen, in :mod:`paratrain.strategi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import difflib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from os import PathLike
 from pathlib import Path
+
+from torch.nn import Module
 
 from paratrain.errors import ConfigError
 from paratrain.module_policy import ModulePolicy
@@ -95,46 +101,167 @@ class RunConfig:
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the first invalid setting and its fix."""
-        _one_of("strategy", self.strategy, ("auto", *STRATEGY_NAMES))
-        _one_of("accelerator", self.accelerator, ACCELERATORS)
-        _one_of("precision", self.precision, PRECISIONS)
-        if self.backend is not None:
-            _one_of("backend", self.backend, BACKENDS)
-        if self.comm_hook is not None:
-            _one_of("comm_hook", self.comm_hook, COMM_HOOKS)
-        _positive_int("grad_accum", self.grad_accum, "grad_accum=1 steps after every micro-batch")
-        if self.per_rank_batch is not None:
-            _positive_int("per_rank_batch", self.per_rank_batch, "or None to take run.loader's")
-        if self.global_batch is not None:
-            _positive_int("global_batch", self.global_batch, "or None to use grad_accum")
-            if self.grad_accum != 1:
-                raise ConfigError(
-                    f"global_batch={self.global_batch} and grad_accum={self.grad_accum} both "
-                    "set: grad_accum is derived from global_batch. Pass one of them."
-                )
-        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
+        for f in fields(self):
+            _CHECKS[f.name](f.name, getattr(self, f.name))
+        if self.global_batch is not None and self.grad_accum != 1:
             raise ConfigError(
-                f"max_grad_norm must be > 0, got {self.max_grad_norm}. "
-                "Pass e.g. max_grad_norm=1.0, or None to not clip."
+                f"global_batch={self.global_batch} and grad_accum={self.grad_accum} both "
+                "set: grad_accum is derived from global_batch. Pass one of them."
             )
-        if not self.timeout_s > 0:
-            raise ConfigError(f"timeout_s must be > 0 seconds, got {self.timeout_s}.")
-        if self.stats_every is not None:
-            _positive_int("stats_every", self.stats_every, "or None to write no stats")
-        if self.keep_last is not None:
-            _positive_int("keep_last", self.keep_last, "or None to keep every checkpoint")
-        if self.num_workers is not None and self.num_workers < 0:
-            raise ConfigError(f"num_workers must be >= 0, got {self.num_workers}.")
+
+
+def make_config(config: object, settings: dict[str, object]) -> RunConfig:
+    """The RunConfig of ``Run(config)`` or ``Run(**settings)``; unknown names get the closest."""
+    if config is not None and not isinstance(config, RunConfig):
+        raise ConfigError(
+            f"Run takes a RunConfig or keyword settings, got {config!r}. Name the setting, e.g. "
+            f"pt.Run(strategy={config!r})."
+        )
+    if config is not None and settings:
+        raise ConfigError("Pass either a RunConfig or keyword settings to Run, not both.")
+    known = [f.name for f in fields(RunConfig)]
+    for name in settings:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"Unknown setting {name!r}.{hint} Settings: {', '.join(known)}.")
+    made = config if config is not None else RunConfig(**settings)  # type: ignore[arg-type]
+    made.validate()  # also a config changed after it was made
+    return made
 
 
 def _one_of(name: str, value: object, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
+    if not isinstance(value, str) or value not in allowed:
         raise ConfigError(
             f"Unknown {name} {value!r}. Available: {', '.join(allowed)}. "
             f"Pass one of them, e.g. {name}={allowed[0]!r}."
         )
 
 
-def _positive_int(name: str, value: object, hint: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"{name} must be a positive integer, got {value!r} ({hint}).")
+def _choice(allowed: tuple[str, ...], *, optional: bool = False) -> Check:
+    def check(name: str, value: object) -> None:
+        if not (optional and value is None):
+            _one_of(name, value, allowed)
+
+    return check
+
+
+def _whole(*, low: int, high: int = 2**63 - 1, optional: bool = False, hint: str = "") -> Check:
+    def check(name: str, value: object) -> None:
+        if optional and value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            kind = "a positive integer" if low == 1 else f"an integer >= {low}"
+            limit = f" up to {high}" if high < 2**63 - 1 else ""
+            raise ConfigError(
+                f"{name} must be {'None or ' if optional else ''}{kind}{limit}, got {value!r}"
+                f"{f' ({hint})' if hint else ''}."
+            )
+
+    return check
+
+
+def _number(*, high: float, optional: bool = False, hint: str = "") -> Check:
+    def check(name: str, value: object) -> None:
+        if optional and value is None:
+            return
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not ok or not 0 < value <= high:  # type: ignore[operator]
+            allowed = "None or " if optional else ""
+            raise ConfigError(
+                f"{name} must be {allowed}a number above 0 and at most {high:g}, got {value!r}"
+                f"{f' ({hint})' if hint else ''}."
+            )
+
+    return check
+
+
+def _flag(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(
+            f"{name} must be True or False, got {value!r} (a string like 'no' would count as "
+            f"true). Pass {name}=True or {name}=False."
+        )
+
+
+def _directory(name: str, value: object) -> None:
+    if value is None:
+        return
+    if not isinstance(value, (str, PathLike)) or str(value) == "":
+        raise ConfigError(
+            f"{name} must be a folder path (str or pathlib.Path), got {value!r}. Pass e.g. "
+            f"{name}='runs/exp1', or leave it out for the default."
+        )
+    path = Path(value)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{name}={str(value)!r} is a file, not a folder. Choose a folder path.")
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is not None and not os.access(existing, os.W_OK):
+        raise ConfigError(
+            f"{name}={str(value)!r} cannot be created: {existing} is not writable. Choose a "
+            "folder you can write to."
+        )
+
+
+def _policy(name: str, value: object) -> None:
+    if callable(value) and not isinstance(value, type):
+        return
+    if isinstance(value, tuple) and all(
+        isinstance(t, type) and issubclass(t, Module) for t in value
+    ):
+        return
+    raise ConfigError(
+        f"{name} must be a tuple of module classes, e.g. (nn.TransformerEncoderLayer,), or a "
+        f"predicate module -> bool; got {value!r}. A list or a class name as text are not "
+        "accepted: write a tuple of the classes themselves."
+    )
+
+
+def _device_ids(name: str, value: object) -> None:
+    if value is None:
+        return
+    if not isinstance(value, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value
+    ):
+        raise ConfigError(
+            f"{name} must be None or a list of GPU indices like [0, 1], got {value!r}."
+        )
+
+
+def _mapping(name: str, value: object) -> None:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{name} must be a dict of your own values, got {value!r}.")
+
+
+Check = Callable[[str, object], None]
+_CHECKS: dict[str, Check] = {
+    "strategy": _choice(("auto", *STRATEGY_NAMES)),
+    "accelerator": _choice(ACCELERATORS),
+    "backend": _choice(BACKENDS, optional=True),
+    "precision": _choice(PRECISIONS),
+    "grad_accum": _whole(low=1, high=2**20, hint="1 steps after every micro-batch"),
+    "global_batch": _whole(low=1, optional=True),
+    "per_rank_batch": _whole(low=1, optional=True),
+    "max_grad_norm": _number(high=1e30, optional=True, hint="e.g. 1.0; None does not clip"),
+    "seed": _whole(low=0, high=2**63 - 1, hint="e.g. seed=0; int(time.time()) for a fresh one"),
+    "run_dir": _directory,
+    "ckpt_dir": _directory,
+    "keep_last": _whole(low=1, optional=True, hint="None keeps every checkpoint"),
+    "async_save": _flag,
+    "stats_every": _whole(low=1, optional=True, hint="None writes no stats"),
+    "tensorboard": _flag,
+    "progress": _flag,
+    "timeout_s": _number(high=30 * 86400, hint="seconds; at most 30 days"),
+    "watchdog": _flag,
+    "device_ids": _device_ids,
+    "sync_batchnorm": _flag,
+    "find_unused_parameters": _flag,
+    "broadcast_buffers": _flag,
+    "static_graph": _flag,
+    "comm_hook": _choice(COMM_HOOKS, optional=True),
+    "fsdp_wrap": _policy,
+    "activation_checkpointing": _policy,
+    "num_workers": _whole(low=0, high=1024, optional=True),
+    "extra": _mapping,
+}
+"""One check per setting (a test asserts that every field has one)."""

@@ -367,5 +367,5 @@ def make_loader(
         loader, device, hooks=hooks, train=train, world_size=world, name=name
     )
     if owns_generator:
-        device_loader.pass_seed = lambda e: (seed * 1_000_003 + e) * 4099 + rank
+        device_loader.pass_seed = lambda e: ((seed * 1_000_003 + e) * 4099 + rank) % 2**63
     return device_loader

@@ -27,10 +27,9 @@ from torch import nn
 
 from paratrain import collectives
 from paratrain.checkpoint.files import atomic_torch_save
-from paratrain.config import RunConfig
+from paratrain.config import RunConfig, make_config
 from paratrain.console import Console
 from paratrain.environment import LaunchEnv
-from paratrain.errors import ConfigError
 from paratrain.precision import Precision
 from paratrain.process_group import destroy_process_group, init_process_group
 from paratrain.run_dir import RunDir
@@ -45,10 +44,7 @@ class Job:
     """Process group, strategy, precision, console and watchdog of one process of a job."""
 
     def __init__(self, config: RunConfig | None = None, /, **settings: Any) -> None:
-        if config is not None and settings:
-            raise ConfigError("Pass either a RunConfig or keyword settings to Run, not both.")
-        config = config if config is not None else RunConfig(**settings)
-        config.validate()  # a config changed after creation is checked again
+        config = make_config(config, settings)
         self._env = env = LaunchEnv.read()
         self.config = dataclasses.replace(
             config,

@@ -115,6 +115,8 @@ class Run(Job):
             f"backend {self.selection.backend if self.strategy.multi_process else '-'}, "
             f"precision {self.config.precision}"
         )
+        for note in self.selection.notes:
+            self.console.warn(note)
 
     @property
     def last_grad_norm(self) -> float | None:

@@ -80,6 +80,8 @@ class Selection:
     """Why this strategy (``"asked for"`` unless ``auto`` picked it)."""
     backend: str
     """Collective backend for the process group: ``nccl`` or ``gloo``."""
+    notes: list[str]
+    """Warnings about the settings (options that the chosen strategy ignores)."""
 
 
 def select_strategy(config: RunConfig, topology: Topology, gpus: int | None = None) -> Selection:
@@ -100,6 +102,32 @@ def select_strategy(config: RunConfig, topology: Topology, gpus: int | None = No
         name, reason = config.strategy, "asked for"
     cls = strategy_class(name)
     cls.check(config, topology, accelerator, gpus)
+    notes = _foreign_options(config, name)
     device = cls.device_for(topology, accelerator, config)
     strategy = cls(config=config, topology=topology, device=device)
-    return Selection(strategy=strategy, reason=reason, backend=backend)
+    return Selection(strategy=strategy, reason=reason, backend=backend, notes=notes)
+
+
+# Settings that only one strategy reads, with the value that means "not used".
+_OPTIONS_OF: dict[str, dict[str, object]] = {
+    "ddp": {"comm_hook": None, "find_unused_parameters": False, "static_graph": False},
+    "fsdp": {"fsdp_wrap": ()},
+    "dp": {"device_ids": None},
+}
+
+
+def _foreign_options(config: RunConfig, chosen: str) -> list[str]:
+    """Options of another strategy that were set: an error when the strategy was named, a
+    note when ``auto`` chose (the same script may run under another launch)."""
+    notes = []
+    for owner, options in _OPTIONS_OF.items():
+        for option, unused in options.items():
+            if owner != chosen and getattr(config, option) != unused:
+                message = (
+                    f"{option} is a {owner!r} option, but the strategy is {chosen!r}, which "
+                    f"ignores it. Drop {option}, or use strategy={owner!r}."
+                )
+                if config.strategy != "auto":
+                    raise ConfigError(message)
+                notes.append(message)
+    return notes
