@@ -26,12 +26,12 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
             ["--strategy", "nope"],
             "Unknown strategy 'nope'. Available: auto, cpu, single, dp, ddp, fsdp",
         ),
-        (["--batch-size", "0"], "per-rank batch"),
-        (["--grad-accum", "0"], "grad_accum must be a positive integer"),
+        (["--batch-size", "0"], "argument --batch-size: 0 must be at least 1"),
+        (["--grad-accum", "0"], "argument --grad-accum: 0 must be at least 1"),
         (["--precision", "fp8"], "Unknown precision 'fp8'"),
         (["--strategy", "dp"], "strategy 'dp' needs CUDA GPUs"),
         (["--strategy", "cpu", "--nproc", "2"], "runs in one process, but this job has 2 ranks"),
-        (["--epochs", "0"], "--epochs must be >= 1"),
+        (["--epochs", "0"], "argument --epochs: 0 must be at least 1"),
     ],
 )
 def test_demo_bad_input_is_one_paragraph(
@@ -39,7 +39,7 @@ def test_demo_bad_input_is_one_paragraph(
 ) -> None:
     code, err = _run(["demo", *args], capsys)
     assert code == 2
-    assert err.startswith("paratrain: error:")
+    assert err.startswith("paratrain: error:") or "paratrain demo: error: argument" in err
     assert needle in err.replace("\n", " ")
     assert "Traceback" not in err
 

@@ -35,10 +35,10 @@ def test_plan_skips_what_this_machine_cannot_run() -> None:
     "args,needle",
     [
         (["--strategies", "nope"], "Available: cpu, single, dp, ddp, fsdp"),
-        (["--nproc", "one"], "whole numbers"),
+        (["--nproc", "one"], "'one' is not a whole number"),
         (["--precision", "fp8"], "Available: fp32, bf16, fp16"),
         (["--model", "nosuchmodule:factory"], "cannot import"),
-        (["--steps", "0"], "--steps must be >= 1"),
+        (["--steps", "0"], "argument --steps: 0 must be at least 1"),
     ],
 )
 def test_bad_input(args: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -20,6 +20,7 @@ from paratrain.bench import report
 from paratrain.bench.measure import Settings
 from paratrain.bench.models import build_spec
 from paratrain.bench.runner import make_plan, run_plan
+from paratrain.cli_types import int_list, non_negative_int, positive_int
 from paratrain.config import PRECISIONS
 from paratrain.doctor.peaks import Peak, bf16_peak
 from paratrain.errors import ConfigError
@@ -37,17 +38,21 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument(
         "--model", default="mlp", help="mlp, cnn, resnet, transformer, or module:factory"
     )
-    p.add_argument("--width", type=int, default=None, help="hidden width / channels")
-    p.add_argument("--depth", type=int, default=None, help="layers (resnet: 50, 101, 152)")
-    p.add_argument("--image-size", type=int, default=32)
-    p.add_argument("--seq", type=int, default=128, help="transformer sequence length")
+    p.add_argument("--width", type=positive_int, default=None, help="hidden width / channels")
+    p.add_argument("--depth", type=positive_int, default=None, help="layers (resnet: 50, 101, 152)")
+    p.add_argument("--image-size", type=positive_int, default=32)
+    p.add_argument("--seq", type=positive_int, default=128, help="transformer sequence length")
     p.add_argument("--strategies", default=None, help="comma list (default: those for here)")
     p.add_argument("--precision", default="fp32", help="comma list of fp32, bf16, fp16")
-    p.add_argument("--nproc", default=None, help="comma list of rank counts (default 1,2)")
-    p.add_argument("--batch-size", type=int, default=32, help="per-rank batch")
-    p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--rounds", type=int, default=3, help="alternating paratrain/reference runs")
+    p.add_argument(
+        "--nproc", type=int_list, default=None, help="comma list of rank counts (default 1,2)"
+    )
+    p.add_argument("--batch-size", type=positive_int, default=32, help="per-rank batch")
+    p.add_argument("--steps", type=positive_int, default=50)
+    p.add_argument("--warmup", type=non_negative_int, default=10)
+    p.add_argument(
+        "--rounds", type=positive_int, default=3, help="alternating paratrain/reference runs"
+    )
     p.add_argument("--data", choices=("synthetic", "loader"), default="synthetic")
     p.add_argument("--run-dir", type=Path, default=None)
     p.add_argument("--no-plot", action="store_true")
@@ -70,15 +75,7 @@ def _parse(args: argparse.Namespace) -> tuple[list[str], list[str], list[int]]:
     default = "single,ddp,fsdp" if gpus else "cpu,ddp,fsdp"
     strategies = _list(args.strategies or default, "strategies", STRATEGY_NAMES)
     precisions = _list(args.precision, "precision", PRECISIONS)
-    try:
-        nprocs = [int(n) for n in _list(args.nproc or "1,2", "nproc")]
-    except ValueError:
-        raise ConfigError(f"--nproc {args.nproc!r} must be whole numbers, e.g. 1,2,4.") from None
-    for name in ("batch_size", "steps", "rounds"):
-        if getattr(args, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1.")
-    if args.warmup < 0 or min(nprocs) < 1:
-        raise ConfigError("--warmup must be >= 0 and every --nproc >= 1.")
+    nprocs: list[int] = args.nproc or [1, 2]  # flags are range-checked by cli_types
     return strategies, precisions, nprocs
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from paratrain.cli_types import positive_int
 from paratrain.config import RunConfig
 from paratrain.data import check_batch_size
 from paratrain.demo.plot import plot_curves
@@ -41,11 +42,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         default=None,
         help="ranks to launch (default: every GPU, or 2 CPU ranks without GPUs)",
     )
-    p.add_argument("--epochs", type=int, default=12)
-    p.add_argument("--batch-size", type=int, default=32, help="per-rank batch (default 32)")
+    p.add_argument("--epochs", type=positive_int, default=12)
+    p.add_argument(
+        "--batch-size", type=positive_int, default=32, help="per-rank batch (default 32)"
+    )
     p.add_argument("--strategy", default="auto")
     p.add_argument("--precision", default="fp32")
-    p.add_argument("--grad-accum", type=int, default=1)
+    p.add_argument("--grad-accum", type=positive_int, default=1)
     p.add_argument(
         "--run-dir",
         type=Path,

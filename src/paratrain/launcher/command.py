@@ -24,6 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from paratrain.cli_types import non_negative_int, positive_int
 from paratrain.environment import read_report
 from paratrain.errors import ParatrainError
 from paratrain.launcher.ranks import SECONDARY_ERRORS
@@ -40,11 +41,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         description=__doc__.split("\n")[0],
     )
     p.add_argument("--nproc", default="auto", help="ranks per node, or auto (= visible GPUs)")
-    p.add_argument("--nnodes", type=int, default=None)
-    p.add_argument("--node-rank", type=int, default=None)
+    p.add_argument("--nnodes", type=positive_int, default=None)
+    p.add_argument("--node-rank", type=non_negative_int, default=None)
     p.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of node 0's rendezvous")
     p.add_argument("--rdzv-id", default=None)
-    p.add_argument("--max-restarts", type=int, default=0)
+    p.add_argument("--max-restarts", type=non_negative_int, default=0)
     p.add_argument(
         "--run-dir",
         type=Path,
@@ -58,6 +59,14 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         default=[],
         dest="torchrun_args",
         help="extra torchrun option, repeatable (e.g. --torchrun-arg=--log-dir=logs)",
+    )
+    p.add_argument(
+        "-m",
+        dest="module",
+        nargs=argparse.REMAINDER,
+        default=None,
+        metavar="MODULE [ARGS]",
+        help="run a module (as python -m) instead of a script",
     )
     p.add_argument("target", nargs=argparse.REMAINDER, help="script.py [args] | -m module [args]")
     p.set_defaults(handler=run_command)
@@ -104,7 +113,7 @@ def run_command(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="paratrain-run-") as tmp:
         report = Path(tmp) / "report.json"
         options = RunOptions(
-            target=list(args.target),
+            target=["-m", *args.module] if args.module else list(args.target),
             nproc=args.nproc,
             nnodes=args.nnodes,
             node_rank=args.node_rank,

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from paratrain.cli_types import positive_seconds
 from paratrain.errors import ConfigError
 from paratrain.run_dir import RunDir
 
@@ -31,7 +32,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="the job's run dir (with stats/rank*.jsonl)",
     )
     p.add_argument("--once", action="store_true", help="print one snapshot and exit")
-    p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
+    p.add_argument(
+        "--interval", type=positive_seconds, default=2.0, help="seconds between refreshes"
+    )
     p.add_argument(
         "--json", action="store_true", help="print the snapshot as JSON (implies --once)"
     )
