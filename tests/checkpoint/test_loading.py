@@ -280,3 +280,14 @@ def test_wrong_model_gets_a_key_report(tmp_path: Path, source: nn.Module) -> Non
     text = str(err.value)
     assert "missing 1 key(s) ['4.weight']" in text
     assert "unexpected 2 key(s)" in text and "2.weight (3, 3) vs model (16, 16)" in text
+
+
+def test_a_missing_gpu_as_map_location_is_named(tmp_path: Path) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without GPUs")
+    path = tmp_path / "w.pt"
+    torch.save(nn.Linear(2, 2).state_dict(), path)
+    with pytest.raises(CheckpointError, match="visible GPU"):
+        pt.load_weights(nn.Linear(2, 2), path, map_location="cuda")
+    with pytest.raises(CheckpointError, match="is not a device"):
+        pt.load_weights(nn.Linear(2, 2), path, map_location="gpu7")

@@ -172,3 +172,10 @@ def test_a_failed_all_reduce_measurement_says_why() -> None:
     console = Console(record=True, width=200)
     render.show(report, console)
     assert "no-such-backend" in console.export_text()
+
+
+def test_a_garbled_launcher_variable_is_reported_not_raised() -> None:
+    from paratrain.doctor.checks import check_omp
+
+    check = check_omp({"env": {"LOCAL_WORLD_SIZE": "abc"}, "torch": {"gpus": []}, "cpu_cores": 2})
+    assert check.status == "FAIL" and "LOCAL_WORLD_SIZE" in check.detail

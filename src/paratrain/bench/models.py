@@ -193,7 +193,18 @@ def _user_spec(target: str) -> ModelSpec:
             f"--model {target}: cannot import it ({err}). Give module:factory "
             "where factory() returns (model, make_batch)."
         ) from None
-    built = factory()
+    if not callable(factory) or isinstance(factory, type):
+        raise ConfigError(
+            f"--model {target}: {attr} is not a function. Give module:factory where factory() "
+            "returns (model, make_batch)."
+        )
+    try:
+        built = factory()
+    except TypeError as err:  # a function that needs arguments (e.g. os:system)
+        raise ConfigError(
+            f"--model {target}: calling {attr}() failed ({err}). The factory must take no "
+            "arguments and return (model, make_batch)."
+        ) from None
     if not (isinstance(built, tuple) and len(built) == 2 and isinstance(built[0], nn.Module)):
         raise ConfigError(
             f"--model {target}: factory() must return (model, make_batch), got "

@@ -124,6 +124,26 @@ def _load_into(
         ) from None
 
 
+def check_map_location(map_location: MapLocation) -> None:
+    """Refuse a device this machine does not have, before reading (not as a 'corrupt' file)."""
+    try:
+        device = (
+            torch.device(map_location) if isinstance(map_location, (str, torch.device)) else None
+        )
+    except (RuntimeError, TypeError):
+        raise CheckpointError(
+            f"map_location={map_location!r} is not a device. Use 'cpu', 'cuda', 'cuda:0', ..."
+        ) from None
+    if device is not None and device.type == "cuda":
+        count = torch.cuda.device_count()
+        index = device.index or 0
+        if index >= count:
+            raise CheckpointError(
+                f"map_location={map_location!r}, but this machine has {count} visible GPU(s). "
+                "Use map_location='cpu' (the default), or a GPU that exists."
+            )
+
+
 def read_state_dict(
     path: str | Path, *, map_location: MapLocation = "cpu", trust: bool = False
 ) -> tuple[dict[str, torch.Tensor], str]:
@@ -132,6 +152,7 @@ def read_state_dict(
     Raises CheckpointError for anything that is not a readable checkpoint.
     """
     require_bool("trust", trust)
+    check_map_location(map_location)
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{path} does not exist. Check the path.")

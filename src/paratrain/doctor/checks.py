@@ -158,8 +158,16 @@ def check_nccl_env(f: Facts) -> Check:
 
 def check_omp(f: Facts) -> Check:
     env = f["env"]
+    local = env.get("LOCAL_WORLD_SIZE", "1") or "1"
+    if not local.isdigit():
+        return Check(
+            "LOCAL_WORLD_SIZE",
+            "FAIL",
+            f"LOCAL_WORLD_SIZE={local!r} is not a whole number",
+            "unset it; torchrun and `paratrain run` set it for their ranks",
+        )
     ranks = max(
-        int(env.get("LOCAL_WORLD_SIZE", "1") or 1),
+        int(local),
         len(f["torch"].get("gpus", [])) if "error" not in f["torch"] else 1,
     )
     if ranks > 1 and "OMP_NUM_THREADS" not in env:
