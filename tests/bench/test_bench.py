@@ -111,3 +111,9 @@ def test_loader_data_and_profile_in_one_process(tmp_path: Path) -> None:
     trace_dir = profile_one("cpu", "fp32", margs, settings, tmp_path)
     traces = list(trace_dir.glob("*.pt.trace.json"))
     assert traces and json.loads(traces[0].read_text())["traceEvents"]
+
+
+def test_transformer_width_must_split_into_heads(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["bench", "--model", "transformer", "--width", "129"])
+    assert info.value.code == 2 and "multiple of 2" in capsys.readouterr().err

@@ -141,3 +141,15 @@ def test_failure_summary_skips_a_rank_that_only_lost_its_peer() -> None:
         "  exitcode  : 1 (pid: 11)\n"
     )
     assert failure_summary(report) == "rank 1 (local rank 1) exited with code 5"
+
+
+@pytest.mark.parametrize("endpoint", ["host:notaport", "127.0.0.1:99999", ":29500", "node0"])
+def test_bad_rendezvous_endpoints_are_named(script: Path, endpoint: str) -> None:
+    options = RunOptions(target=[str(script)], nnodes=2, node_rank=1, rdzv_endpoint=endpoint)
+    with pytest.raises(ConfigError, match="must be HOST:PORT"):
+        make_plan(options, env={}, gpus=0)
+
+
+def test_a_folder_given_as_the_script_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="is a folder, not a script"):
+        make_plan(RunOptions(target=[str(tmp_path)]), env={}, gpus=0)

@@ -101,3 +101,15 @@ def test_runtime_writes_stats(tmp_path: Path) -> None:
     assert [r["step"] for r in records] == [2, 4, 6, 8, 10]
     assert all(r["samples_per_s"] > 0 and 0 <= r["data_wait_fraction"] <= 1 for r in records)
     assert all(r["peak_memory_mb"] > 10 and r["step_time_s"] > 0 for r in records)
+
+
+def test_damaged_stats_lines_are_skipped(tmp_path: Path) -> None:
+    from paratrain.monitor.snapshot import latest_records
+
+    stats = tmp_path / "stats"
+    stats.mkdir()
+    (stats / "rank0.jsonl").write_text(
+        '{"rank": 0, "step": 3}\n[1, 2]\n"text"\n{"step": 9}\n{bad\n'
+    )
+    (stats / "rank1.jsonl").write_text("null\n")
+    assert latest_records(tmp_path) == [{"rank": 0, "step": 3}]

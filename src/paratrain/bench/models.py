@@ -170,6 +170,11 @@ def build_spec(
         return ModelSpec("resnet", lambda: resnet(depth, width), _images(image_size, 1000))
     if name == "transformer":
         heads = max(1, width // 64)
+        if width % heads:
+            raise ConfigError(
+                f"--width {width}: the transformer splits its width over {heads} heads of 64, so "
+                f"the width must be a multiple of {heads} (e.g. {width // heads * heads})."
+            )
 
         def tokens(n: int, device: torch.device) -> tuple[Any, torch.Tensor]:
             g = torch.Generator().manual_seed(n)

@@ -97,6 +97,11 @@ def _target(options: RunOptions) -> list[str]:
             raise ConfigError("-m needs a module name: `paratrain run -m pkg.train`.")
         return target
     script = Path(target[0])
+    if script.is_dir():
+        raise ConfigError(
+            f"{script} is a folder, not a script. Give the training script's path (e.g. "
+            f"{script / 'train.py'}), or `-m package.module` for a module."
+        )
     if not script.is_file():
         raise ConfigError(
             f"Script {script} not found (working directory {Path.cwd()}). Check "
@@ -112,6 +117,8 @@ def make_plan(options: RunOptions, *, env: Mapping[str, str], gpus: int) -> Laun
     nproc = _nproc(options.nproc, gpus, notes)
     backend = _backend(options.backend, nproc, gpus)
     nnodes, node_rank, endpoint, source = _nodes(options, env)
+    if endpoint is not None:
+        _check_endpoint(endpoint)
     if nnodes > 1 and endpoint is None:
         raise ConfigError(
             f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT (the host of node 0), the same "
@@ -163,6 +170,15 @@ def _backend(asked: str | None, nproc: int, gpus: int) -> str:
             f"Use --nproc {gpus} (or auto), or --backend gloo for CPU ranks."
         )
     return backend
+
+
+def _check_endpoint(endpoint: str) -> None:
+    host, colon, port = endpoint.rpartition(":")
+    if not colon or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ConfigError(
+            f"--rdzv-endpoint {endpoint!r} must be HOST:PORT with a port from 1 to 65535, e.g. "
+            f"node0:29500 (the same on every node)."
+        )
 
 
 def _check_port_free(endpoint: str) -> None:

@@ -33,10 +33,12 @@ def latest_records(run_dir: Path) -> list[dict[str, Any]]:
         lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
         for line in reversed(lines):
             try:
-                records.append(json.loads(line))
-                break
-            except ValueError:  # a line being written right now
+                record = json.loads(line)
+            except ValueError:  # a line being written right now, or damaged
                 continue
+            if isinstance(record, dict) and isinstance(record.get("rank"), int):
+                records.append(record)
+                break
     return sorted(records, key=lambda r: r["rank"])
 
 
