@@ -145,3 +145,37 @@ def test_fork_after_cuda_was_initialised_names_the_fix(monkeypatch: pytest.Monke
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     with pytest.raises(ConfigError, match=r"Move the function into a \.py file"):
         start_method(_rank_one_dies)
+
+
+def _returns_a_lock() -> Any:
+    import threading
+
+    return threading.Lock()
+
+
+def _add(a: int, b: int) -> int:
+    return a + b
+
+
+@pytest.mark.parametrize(
+    "call,needle",
+    [
+        (lambda: pt.launch(5, 2), "fn must be a function"),  # type: ignore[arg-type]
+        (lambda: pt.launch(_add, 2, [1, 2]), "args must be a tuple"),  # type: ignore[arg-type]
+        (lambda: pt.launch(lambda: 1, 2), "fn cannot be sent to the ranks"),
+        (lambda: pt.launch(_add, 2, (math.inf, object)), None),
+        (lambda: pt.launch(_add, 2, (__import__("threading").Lock(), 1)), "args cannot be sent"),
+    ],
+)
+def test_what_cannot_reach_the_ranks_is_named_before_they_start(call: Any, needle: str) -> None:
+    if needle is None:  # picklable arguments are not refused up front (the rank raises)
+        with pytest.raises(RankFailedError):
+            call()
+        return
+    with pytest.raises(ConfigError, match=needle):
+        call()
+
+
+def test_a_return_value_that_cannot_come_back_is_named() -> None:
+    with pytest.raises(RankFailedError, match="cannot be sent back"):
+        pt.launch(_returns_a_lock, 1)

@@ -162,7 +162,14 @@ def _worker(
         if group is not None:
             _join_group(rank, nproc, init_file, group)
         value = body(*args)
-        out.put((rank, True, *_encode(value if send else None)))
+        try:
+            encoded = _encode(value if send else None)
+        except Exception as err:
+            raise RuntimeError(
+                f"the function returned a {type(value).__name__} that cannot be sent back to "
+                f"the caller ({err}); return plain data (numbers, strings, tensors, dicts)"
+            ) from None
+        out.put((rank, True, *encoded))
     except BaseException:
         out.put((rank, False, "text", traceback.format_exc().encode()))
     finally:

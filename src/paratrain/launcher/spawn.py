@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+import pickle
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -75,6 +76,27 @@ def _check(nproc: object, timeout_s: object) -> None:
         )
 
 
+def _check_sendable(fn: object, args: object, method: str) -> None:
+    """What the ranks must receive has to travel to them (spawned processes unpickle it)."""
+    if not callable(fn):
+        raise ConfigError(
+            f"launch(fn={fn!r}): fn must be a function, e.g. launch(train, nproc=2, args=(lr,))."
+        )
+    if not isinstance(args, tuple):
+        raise ConfigError(f"launch(args={args!r}): args must be a tuple, e.g. args=(3e-4,).")
+    if method != "spawn":
+        return  # forked ranks inherit fn and args
+    for what, value in (("fn", fn), ("args", args)):
+        try:
+            pickle.dumps(value)
+        except Exception as err:
+            raise ConfigError(
+                f"launch: {what} cannot be sent to the ranks ({err}). Define fn at module level "
+                "of an importable file (not a lambda or a nested function), and pass plain "
+                "values in args (numbers, strings, tensors; no locks, open files or lambdas)."
+            ) from None
+
+
 def launch(
     fn: Callable[..., Any], nproc: int = 2, args: tuple[Any, ...] = (), *, timeout_s: float = 600.0
 ) -> Any:
@@ -85,7 +107,7 @@ def launch(
     ``timeout_s`` seconds (they are killed).
     """
     _check(nproc, timeout_s)
-    values = spawn_ranks(
-        fn, nproc, args, start_method=start_method(fn), timeout_s=timeout_s, results="main"
-    )
+    method = start_method(fn) if callable(fn) else "spawn"
+    _check_sendable(fn, args, method)
+    values = spawn_ranks(fn, nproc, args, start_method=method, timeout_s=timeout_s, results="main")
     return values[0]
