@@ -53,3 +53,36 @@ def test_the_interrupt_reaches_torchrun_once(tmp_path: Path, terminal: bool) -> 
     assert stopped_by == signal.SIGINT
     assert code == 1, tail  # exactly one SIGINT reached the child
     assert tail.count("death signal") == 1
+
+
+def _shown(text: str) -> str:
+    from paratrain.launcher.supervise import AgentNoise
+
+    noise = AgentNoise()
+    out = [shown for line in text.splitlines(keepends=True) for shown in noise.feed(line)]
+    return "".join(out + noise.flush())
+
+
+def test_torchruns_own_child_failed_traceback_is_dropped_and_the_ranks_output_kept() -> None:
+    text = (
+        "[rank0]: Traceback (most recent call last):\n[rank0]: ValueError: the script's error\n"
+        "E1123 api.py:1002] failed (exitcode: 1) local_rank: 0\n"
+        'Traceback (most recent call last):\n  File "run.py", line 1, in <module>\n'
+        "    main()\ntorch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+        "=====\njob.py FAILED\n-----\nFailures:\n  <NO_OTHER_FAILURES>\n-----\n"
+        "Root Cause (first observed failure):\n[0]:\n  rank      : 0 (local_rank: 0)\n=====\n"
+        "after\n"
+    )
+    shown = _shown(text)
+    assert "the script's error" in shown and "failed (exitcode: 1)" in shown
+    assert (
+        "ChildFailedError" not in shown
+        and "Root Cause" not in shown
+        and 'File "run.py"' not in shown
+    )
+    assert shown.endswith("after\n")
+
+
+def test_any_other_torchrun_traceback_is_shown_whole() -> None:
+    text = 'Traceback (most recent call last):\n  File "x.py", line 2\nRendezvousError: timeout\n'
+    assert _shown(text) == text

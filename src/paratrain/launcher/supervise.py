@@ -74,14 +74,55 @@ def supervise(argv: list[str], env: dict[str, str]) -> tuple[int, signal.Signals
         for sig in forwarder.pending:
             forwarder.forward(sig)
         captured: collections.deque[str] = collections.deque(maxlen=200)
+        noise = AgentNoise()
         assert proc.stderr is not None
         for line in proc.stderr:
-            sys.stderr.write(line)
+            for shown in noise.feed(line):
+                sys.stderr.write(shown)
             captured.append(line)
             forwarder.watch(line)
+        for shown in noise.flush():
+            sys.stderr.write(shown)
         code = proc.wait()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     stopped_by = forwarder.received[0] if forwarder.received else None
     return code, stopped_by, "".join(captured)
+
+
+class AgentNoise:
+    """Drops torchrun's own traceback of ``ChildFailedError`` and its failure table: paratrain
+    names the failed rank in one line, and the ranks' own output (``[rankN]:``) stays. Any other
+    traceback of torchrun (a rendezvous error, say) is shown whole."""
+
+    def __init__(self) -> None:
+        self._held: list[str] = []
+        self._in_report = False
+        self._seen_root = False
+
+    def feed(self, line: str) -> list[str]:
+        """The lines to show now, given the next line of torchrun's stderr."""
+        if self._in_report:
+            self._seen_root = self._seen_root or line.startswith("Root Cause")
+            if self._seen_root and line.startswith("====="):
+                self._in_report = self._seen_root = False
+            return []
+        if self._held:
+            self._held.append(line)
+            if line[:1].isspace() or line.startswith("Traceback"):
+                return []
+            held, self._held = self._held, []
+            if "ChildFailedError" in line:
+                self._in_report = True
+                return []
+            return held
+        if line.startswith("Traceback (most recent call last):"):
+            self._held = [line]
+            return []
+        return [line]
+
+    def flush(self) -> list[str]:
+        """Whatever is still held when the output ends."""
+        held, self._held = self._held, []
+        return held
