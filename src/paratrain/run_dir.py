@@ -63,7 +63,3 @@ class RunDir:
     def report(self) -> Path:
         """``run.json``: the settings the script's Run resolved (run dir, checkpoint dir, ranks)."""
         return self.root / "run.json"
-
-    def stats_file(self, rank: int) -> Path:
-        """This rank's stats file."""
-        return self.stats / f"rank{rank}.jsonl"
