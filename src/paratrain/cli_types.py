@@ -4,12 +4,14 @@ in one line naming the flag (exit code 2), never in a traceback further down.
     p.add_argument("--steps", type=positive_int, default=50)
     p.add_argument("--interval", type=positive_seconds, default=2.0)
     p.add_argument("--nproc", type=int_list, default=None)          # "1,2,4"
+    p.add_argument("--seq", type=int_in(1, 65536), default=128)
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
 
 
 def _int(text: str) -> int:
@@ -25,6 +27,19 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} must be at least 1")
     return value
+
+
+def int_in(low: int, high: int) -> Callable[[str], int]:
+    """A whole number from ``low`` to ``high``; ``type=int_in(1, 4096)``."""
+
+    def parse(text: str) -> int:
+        value = _int(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} must be from {low} to {high}")
+        return value
+
+    parse.__name__ = f"int_in_{low}_{high}"
+    return parse
 
 
 def non_negative_int(text: str) -> int:

@@ -10,7 +10,6 @@ machine vs GPUs) happen when the strategy is chosen, in :mod:`paratrain.strategi
 from __future__ import annotations
 
 import difflib
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from os import PathLike
@@ -20,6 +19,7 @@ from torch.nn import Module
 
 from paratrain.errors import ConfigError
 from paratrain.module_policy import ModulePolicy
+from paratrain.paths import check_creatable
 
 STRATEGY_NAMES = ("cpu", "single", "dp", "ddp", "fsdp")
 """Every strategy name; :mod:`paratrain.strategies` maps each to its class."""
@@ -192,15 +192,7 @@ def _directory(name: str, value: object) -> None:
             f"{name} must be a folder path (str or pathlib.Path), got {value!r}. Pass e.g. "
             f"{name}='runs/exp1', or leave it out for the default."
         )
-    path = Path(value)
-    if path.exists() and not path.is_dir():
-        raise ConfigError(f"{name}={str(value)!r} is a file, not a folder. Choose a folder path.")
-    existing = next((p for p in (path, *path.parents) if p.exists()), None)
-    if existing is not None and not os.access(existing, os.W_OK):
-        raise ConfigError(
-            f"{name}={str(value)!r} cannot be created: {existing} is not writable. Choose a "
-            "folder you can write to."
-        )
+    check_creatable(value, name)
 
 
 def _policy(name: str, value: object) -> None:

@@ -30,6 +30,8 @@ from paratrain.checkpoint.files import atomic_torch_save
 from paratrain.config import RunConfig, make_config
 from paratrain.console import Console
 from paratrain.environment import LaunchEnv
+from paratrain.errors import ModelError
+from paratrain.paths import check_creatable, check_output_file
 from paratrain.precision import Precision
 from paratrain.process_group import destroy_process_group, init_process_group
 from paratrain.run_dir import RunDir
@@ -51,6 +53,8 @@ class Job:
             backend=config.backend or env.backend,
             run_dir=env.resolve_run_dir(config.run_dir),
         )
+        if config.run_dir is None:  # the launcher's or the default: not checked by the config
+            check_creatable(self.config.run_dir or ".", "run_dir")
         self.layout = RunDir(self.config.run_dir or ".")
         """Where this run writes (:class:`paratrain.run_dir.RunDir`)."""
         self.topology = Topology.from_env_or_group()
@@ -189,9 +193,14 @@ class Job:
 
     def save_weights(self, model: nn.Module, path: str | Path) -> Path:
         """Save the full, unprefixed weights to ``path`` (collective; the main process writes)."""
+        if not isinstance(model, nn.Module):
+            raise ModelError(
+                f"save_weights(model=...) takes the torch.nn.Module to save, got "
+                f"{type(model).__name__}."
+            )
+        path = check_output_file(path, "save_weights(path=...)")
         self.strategy.sync_buffers(model)
         state = self.strategy.full_state_dict(model)
-        path = Path(path)
         if self.is_main:
             atomic_torch_save(state, path)
         self.barrier()

@@ -66,7 +66,7 @@ class Topology:
             world_size=1,
             local_world_size=1,
             master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
-            master_port=_int(env, "MASTER_PORT", 29500),
+            master_port=env_int(env, "MASTER_PORT", 29500),
             source="none",
         )
 
@@ -91,7 +91,8 @@ class Topology:
         )
 
 
-def _int(env: Mapping[str, str], key: str, default: int | None = None) -> int:
+def env_int(env: Mapping[str, str], key: str, default: int | None = None) -> int:
+    """The whole number in ``env[key]`` (Slurm's "4(x2)" form too), else ``default``."""
     raw = env.get(key)
     if raw is None:
         if default is None:
@@ -109,7 +110,7 @@ def _int(env: Mapping[str, str], key: str, default: int | None = None) -> int:
 
 
 def _from_torchrun(env: Mapping[str, str]) -> Topology:
-    rank, world = _int(env, "RANK"), _int(env, "WORLD_SIZE")
+    rank, world = env_int(env, "RANK"), env_int(env, "WORLD_SIZE")
     master = env.get("MASTER_ADDR", "127.0.0.1")
     local_rank, local_world = _local(env, rank, world, master)
     topo = Topology(
@@ -118,7 +119,7 @@ def _from_torchrun(env: Mapping[str, str]) -> Topology:
         world_size=world,
         local_world_size=local_world,
         master_addr=master,
-        master_port=_int(env, "MASTER_PORT", 29500),
+        master_port=env_int(env, "MASTER_PORT", 29500),
         source="torchrun",
     )
     _check(topo)
@@ -135,12 +136,12 @@ def _local(env: Mapping[str, str], rank: int, world: int, master: str) -> tuple[
     """
     single_node = world == 1 or _is_loopback(master)
     if "LOCAL_RANK" in env:
-        local_rank = _int(env, "LOCAL_RANK")
+        local_rank = env_int(env, "LOCAL_RANK")
         # Without LOCAL_WORLD_SIZE on several machines: at least this many ranks share it.
         fallback = world if single_node else local_rank + 1
-        return local_rank, _int(env, "LOCAL_WORLD_SIZE", fallback)
+        return local_rank, env_int(env, "LOCAL_WORLD_SIZE", fallback)
     if "LOCAL_WORLD_SIZE" in env:
-        local_world = _int(env, "LOCAL_WORLD_SIZE")
+        local_world = env_int(env, "LOCAL_WORLD_SIZE")
         if local_world < 1:
             raise ConfigError(f"LOCAL_WORLD_SIZE={local_world} must be >= 1. Unset or fix it.")
         return rank % local_world, local_world
@@ -171,22 +172,22 @@ def slurm_rendezvous_port(env: Mapping[str, str]) -> int:
     >>> slurm_rendezvous_port({"SLURM_JOB_ID": "123456"})
     23456
     """
-    return 20000 + _int(env, "SLURM_JOB_ID", 9500) % 10000
+    return 20000 + env_int(env, "SLURM_JOB_ID", 9500) % 10000
 
 
 def _from_slurm(env: Mapping[str, str]) -> Topology:
-    world = _int(env, "SLURM_NTASKS")
-    nodes = _int(env, "SLURM_NNODES", 1)
+    world = env_int(env, "SLURM_NTASKS")
+    nodes = env_int(env, "SLURM_NNODES", 1)
     # SLURM_NTASKS_PER_NODE looks like "4" or "4(x2)"; _int keeps the part before "(".
-    per_node = _int(env, "SLURM_NTASKS_PER_NODE", max(1, world // max(nodes, 1)))
+    per_node = env_int(env, "SLURM_NTASKS_PER_NODE", max(1, world // max(nodes, 1)))
     nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "127.0.0.1"
     topo = Topology(
-        rank=_int(env, "SLURM_PROCID"),
-        local_rank=_int(env, "SLURM_LOCALID", 0),
+        rank=env_int(env, "SLURM_PROCID"),
+        local_rank=env_int(env, "SLURM_LOCALID", 0),
         world_size=world,
         local_world_size=per_node,
         master_addr=env.get("MASTER_ADDR") or first_host(nodelist),
-        master_port=_int(env, "MASTER_PORT", slurm_rendezvous_port(env)),
+        master_port=env_int(env, "MASTER_PORT", slurm_rendezvous_port(env)),
         source="slurm",
     )
     _check(topo)

@@ -18,12 +18,13 @@ import torch
 
 from paratrain.bench import report
 from paratrain.bench.measure import Settings
-from paratrain.bench.models import build_spec
+from paratrain.bench.models import build_spec, check_model
 from paratrain.bench.runner import make_plan, run_plan
-from paratrain.cli_types import int_list, non_negative_int, positive_int
+from paratrain.cli_types import int_in, int_list
 from paratrain.config import PRECISIONS
 from paratrain.doctor.peaks import Peak, bf16_peak
 from paratrain.errors import ConfigError
+from paratrain.paths import make_folder
 from paratrain.strategies import STRATEGY_NAMES
 from paratrain.version import __version__
 
@@ -38,20 +39,20 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument(
         "--model", default="mlp", help="mlp, cnn, resnet, transformer, or module:factory"
     )
-    p.add_argument("--width", type=positive_int, default=None, help="hidden width / channels")
-    p.add_argument("--depth", type=positive_int, default=None, help="layers (resnet: 50, 101, 152)")
-    p.add_argument("--image-size", type=positive_int, default=32)
-    p.add_argument("--seq", type=positive_int, default=128, help="transformer sequence length")
+    p.add_argument("--width", type=int_in(1, 2**16), help="hidden width / channels")
+    p.add_argument("--depth", type=int_in(1, 1024), help="layers (resnet: 50, 101, 152)")
+    p.add_argument("--image-size", type=int_in(1, 4096), default=32)
+    p.add_argument("--seq", type=int_in(1, 2**16), default=128, help="transformer sequence length")
     p.add_argument("--strategies", default=None, help="comma list (default: those for here)")
     p.add_argument("--precision", default="fp32", help="comma list of fp32, bf16, fp16")
     p.add_argument(
         "--nproc", type=int_list, default=None, help="comma list of rank counts (default 1,2)"
     )
-    p.add_argument("--batch-size", type=positive_int, default=32, help="per-rank batch")
-    p.add_argument("--steps", type=positive_int, default=50)
-    p.add_argument("--warmup", type=non_negative_int, default=10)
+    p.add_argument("--batch-size", type=int_in(1, 2**16), default=32, help="per-rank batch")
+    p.add_argument("--steps", type=int_in(1, 10**6), default=50)
+    p.add_argument("--warmup", type=int_in(0, 10**6), default=10)
     p.add_argument(
-        "--rounds", type=positive_int, default=3, help="alternating paratrain/reference runs"
+        "--rounds", type=int_in(1, 1000), default=3, help="alternating paratrain/reference runs"
     )
     p.add_argument("--data", choices=("synthetic", "loader"), default="synthetic")
     p.add_argument("--run-dir", type=Path, default=None)
@@ -60,12 +61,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.set_defaults(handler=run_bench)
 
 
-def _list(value: str, name: str, allowed: tuple[str, ...] | None = None) -> list[str]:
-    items = [v.strip() for v in value.split(",") if v.strip()]
-    bad = [v for v in items if allowed is not None and v not in allowed]
-    if not items or bad:
+def _list(value: str, name: str, allowed: tuple[str, ...]) -> list[str]:
+    items = [v.strip() for v in value.split(",")]
+    bad = [v for v in items if v not in allowed]
+    if bad:
+        what = "has an empty entry" if "" in bad else f"names unknown {bad}"
         raise ConfigError(
-            f"--{name} {value!r}: unknown {bad or 'empty'}. Available: {', '.join(allowed or ())}."
+            f"--{name} {value!r} {what}. Write a comma list of: {', '.join(allowed)}."
         )
     return items
 
@@ -73,7 +75,9 @@ def _list(value: str, name: str, allowed: tuple[str, ...] | None = None) -> list
 def _parse(args: argparse.Namespace) -> tuple[list[str], list[str], list[int]]:
     gpus = torch.cuda.device_count()
     default = "single,ddp,fsdp" if gpus else "cpu,ddp,fsdp"
-    strategies = _list(args.strategies or default, "strategies", STRATEGY_NAMES)
+    strategies = _list(
+        default if args.strategies is None else args.strategies, "strategies", STRATEGY_NAMES
+    )
     precisions = _list(args.precision, "precision", PRECISIONS)
     nprocs: list[int] = args.nproc or [1, 2]  # flags are range-checked by cli_types
     return strategies, precisions, nprocs
@@ -108,7 +112,7 @@ def run_bench(args: argparse.Namespace) -> int:
     """Measure the matrix, print the table, write JSON and plots."""
     strategies, precisions, nprocs = _parse(args)
     margs = model_args(args)
-    build_spec(**margs).build()  # a bad model fails here, before any rank starts
+    check_model(build_spec(**margs), args.batch_size)  # before any rank starts
     settings = Settings(
         batch_size=args.batch_size,
         steps=args.steps,
@@ -117,7 +121,7 @@ def run_bench(args: argparse.Namespace) -> int:
         data=args.data,
     )
     run_dir = args.run_dir or Path("runs/bench") / time.strftime("%Y%m%d-%H%M%S")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    make_folder(run_dir, "--run-dir")
     plan = make_plan(strategies, precisions, nprocs)
     rows = run_plan(
         plan,

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import psutil
 import torch
 from torch import nn
 
@@ -222,3 +223,39 @@ def _user_spec(target: str) -> ModelSpec:
         return inputs.to(device), targets.to(device)
 
     return ModelSpec(target, lambda: factory()[0], batch)
+
+
+def check_model(spec: ModelSpec, batch_size: int) -> None:
+    """Refuse a model that cannot run at these sizes or cannot fit, before any rank starts.
+
+    Built-in models are built and run once on the meta device (shapes only, no memory); a user
+    factory is built for real. The fp32 training state (weights, gradients and two Adam moments,
+    16 bytes per parameter) must fit in this machine's memory.
+    """
+    builtin = spec.name in MODELS
+    inputs, targets = spec.batch(1, torch.device("cpu"))
+    if builtin:
+        with torch.device("meta"):
+            model = spec.build()
+        inputs, targets = inputs.to("meta"), targets.to("meta")
+    else:
+        model = spec.build()
+    params = sum(p.numel() for p in model.parameters())
+    need = 16 * params
+    total = psutil.virtual_memory().total
+    if need > total:
+        raise ConfigError(
+            f"--model {spec.name}: {params:,} parameters need about {need / 2**30:.1f} GiB for "
+            f"weights, gradients and optimizer state, more than this machine's "
+            f"{total / 2**30:.1f} GiB. Use a smaller --width or --depth."
+        )
+    if not builtin:
+        return
+    try:
+        spec.loss(model(inputs), targets)
+    except (RuntimeError, ValueError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(
+            f"--model {spec.name} does not run at these sizes ({first}). Change --image-size, "
+            "--seq, --width or --depth (the defaults work)."
+        ) from None

@@ -29,6 +29,7 @@ from paratrain.checkpoint.loading import (
 from paratrain.checkpoint.manifest import MANIFEST, Manifest
 from paratrain.checkpoint.store import PREFIX, load_trainer
 from paratrain.errors import CheckpointError
+from paratrain.paths import check_new, existing
 
 
 def _summary(state: dict[str, torch.Tensor]) -> dict[str, Any]:
@@ -53,7 +54,7 @@ def inspect(path: str | Path, *, trust: bool = False) -> dict[str, Any]:
     A folder of paratrain checkpoints (``step-*``) gives each one's validity instead.
     """
     require_bool("trust", trust)
-    path = Path(path)
+    path = existing(path, "The checkpoint path", CheckpointError)
     if path.is_dir() and not (path / MANIFEST).exists() and _checkpoints_in(path):
         entries = []
         for folder in _checkpoints_in(path):
@@ -114,7 +115,7 @@ def _names(entry: object) -> list[str]:
 
 def verify(path: str | Path) -> tuple[bool, list[str]]:
     """Check checksums (paratrain checkpoints) or read everything (other formats)."""
-    path = Path(path)
+    path = existing(path, "The checkpoint path", CheckpointError)
     if path.is_dir() and not (path / MANIFEST).exists() and _checkpoints_in(path):
         lines, any_ok = [], False
         for folder in _checkpoints_in(path):
@@ -145,11 +146,7 @@ def convert(src: str | Path, dst: str | Path, *, to: str, trust: bool = False) -
     require_bool("trust", trust)
     if to not in FORMATS:
         raise CheckpointError(f"Unknown target format {to!r}. Available: {', '.join(FORMATS)}.")
-    dst = Path(dst)
-    if dst.exists():
-        raise CheckpointError(
-            f"{dst} already exists. Choose a new output path (nothing was written)."
-        )
+    dst = check_new(dst, "The output path", CheckpointError)
     state, fmt = read_state_dict(src, trust=trust)
     clean = {strip_wrappers(k): v.contiguous() for k, v in state.items()}
     if len(clean) != len(state):

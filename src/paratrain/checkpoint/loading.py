@@ -34,7 +34,8 @@ from paratrain.checkpoint.weight_files import (
     read_safetensors,
     read_weights_file,
 )
-from paratrain.errors import CheckpointError, ConfigError
+from paratrain.errors import CheckpointError, ConfigError, ModelError
+from paratrain.paths import existing
 
 WRAPPER_PARTS = ("module", "_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module")
 ACCELERATE_FILES = ("model.safetensors", "pytorch_model.bin", "model.bin", "pytorch_model.pt")
@@ -61,6 +62,11 @@ def load_weights(
     or sharded with FSDP2 (then every rank calls this; each loads its own shards).
     """
     require_bool("trust", trust)
+    if not isinstance(model, nn.Module):
+        raise ModelError(
+            f"load_weights(model=...) takes the torch.nn.Module to load into, got "
+            f"{type(model).__name__}. Build the model first, then load_weights(model, path)."
+        )
     state, fmt = read_state_dict(path, map_location=map_location, trust=trust)
     target = unwrap(model)
     expected = target.state_dict()
@@ -153,9 +159,7 @@ def read_state_dict(
     """
     require_bool("trust", trust)
     check_map_location(map_location)
-    path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"{path} does not exist. Check the path.")
+    path = existing(path, "The checkpoint path", CheckpointError)
     if path.is_dir():
         state, fmt = _read_dir(path, map_location, trust)
     elif path.is_file():

@@ -22,6 +22,7 @@ from paratrain.demo.plot import plot_curves
 from paratrain.errors import ConfigError, ParatrainError
 from paratrain.launcher.plan import RunOptions, make_plan
 from paratrain.launcher.preflight import preflight
+from paratrain.paths import make_folder
 from paratrain.run_dir import RunDir
 
 TARGET_ACCURACY = 0.95
@@ -38,7 +39,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     p.add_argument(
         "--nproc",
-        type=int,
+        type=positive_int,
         default=None,
         help="ranks to launch (default: every GPU, or 2 CPU ranks without GPUs)",
     )
@@ -62,13 +63,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def _preflight(args: argparse.Namespace) -> int:
     """Validate everything a rank would, before starting any rank; return the rank count."""
     config = RunConfig(strategy=args.strategy, precision=args.precision, grad_accum=args.grad_accum)
-    check_batch_size(args.batch_size)
-    if args.epochs < 1:
-        raise ConfigError(f"--epochs must be >= 1, got {args.epochs}.")
+    check_batch_size(args.batch_size)  # flags are range-checked by cli_types
     gpus = torch.cuda.device_count()
     nproc: int = args.nproc if args.nproc is not None else (gpus or 2)
-    if nproc < 1:
-        raise ConfigError(f"--nproc must be >= 1, got {nproc}.")
     preflight(config, nproc=nproc, gpus=gpus)
     return nproc
 
@@ -95,8 +92,7 @@ def run_demo(args: argparse.Namespace) -> int:
     """Train, reload, compare, plot; exit code 0 when both accuracies reach the target."""
     nproc = _preflight(args)
     run_dir = args.run_dir or Path("runs/demo") / time.strftime("%Y%m%d-%H%M%S")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if any(run_dir.iterdir()):
+    if run_dir.is_dir() and any(run_dir.iterdir()):
         raise ConfigError(
             f"--run-dir {run_dir} is not empty. Pass a new folder, or leave "
             "--run-dir out to get a fresh one under runs/demo/."
@@ -109,6 +105,7 @@ def run_demo(args: argparse.Namespace) -> int:
         run_dir=run_dir,
     )
     plan = make_plan(options, env=os.environ, gpus=torch.cuda.device_count())
+    make_folder(run_dir, "--run-dir")
     print(f"paratrain demo: {nproc} rank(s) through torchrun, writing to {run_dir}", flush=True)
     env = {**os.environ, **plan.env}
     started = time.perf_counter()

@@ -62,7 +62,7 @@ def check_cpu_build_with_driver(f: Facts) -> Check:
 
 
 def _version(text: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in text.split(".")[:2] if p.isdigit())
+    return tuple(int(p) for p in text.split(".")[:2] if p.isascii() and p.isdigit())
 
 
 def check_driver_age(f: Facts) -> Check:
@@ -125,12 +125,17 @@ def check_shm(f: Facts) -> Check:
     return Check("/dev/shm size", "OK", f"{size:.1f} GiB")
 
 
+def _whole(text: str) -> int | None:
+    """``text`` as a whole number of ASCII digits, else None ('²'.isdigit() is true)."""
+    return int(text) if text.isascii() and text.isdigit() else None
+
+
 def check_master_port(f: Facts) -> Check:
     port = f["env"].get("MASTER_PORT")
     if port is None or "RANK" in f["env"]:  # inside a launched job the port is meant to be taken
         return Check("MASTER_PORT free", "OK", "not set" if port is None else "in a job")
     addr = f["env"].get("MASTER_ADDR", "127.0.0.1")
-    if not port.isdigit() or not port_is_free(addr, int(port)):
+    if _whole(port) is None or not port_is_free(addr, int(port)):
         return Check(
             "MASTER_PORT free",
             "FAIL",
@@ -159,7 +164,7 @@ def check_nccl_env(f: Facts) -> Check:
 def check_omp(f: Facts) -> Check:
     env = f["env"]
     local = env.get("LOCAL_WORLD_SIZE", "1") or "1"
-    if not local.isdigit():
+    if _whole(local) is None:
         return Check(
             "LOCAL_WORLD_SIZE",
             "FAIL",

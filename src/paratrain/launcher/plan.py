@@ -9,16 +9,21 @@ Only torchrun's own c10d rendezvous is used; nothing here manages processes.
 
 from __future__ import annotations
 
+import contextlib
+import io
+import os
 import socket
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 from paratrain.environment import BACKEND_VAR, REPORT_VAR, RUN_DIR_VAR
 from paratrain.errors import ConfigError, EnvironmentMismatchError
+from paratrain.paths import check_creatable
 from paratrain.ports import free_port, port_is_free
-from paratrain.topology import first_host, slurm_rendezvous_port
+from paratrain.topology import env_int, first_host, slurm_rendezvous_port
 
 DEFAULT_PORT = 29500
 
@@ -67,6 +72,17 @@ class LaunchPlan:
         )
 
 
+# CPU ranks beyond this many per core are refused: each is a whole Python process with torch.
+MAX_CPU_RANKS_PER_CORE = 4
+
+
+def _cpu_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def _nproc(value: str, gpus: int, notes: list[str]) -> int:
     if value == "auto":
         if gpus:
@@ -83,6 +99,64 @@ def _nproc(value: str, gpus: int, notes: list[str]) -> int:
     if n < 1:
         raise ConfigError(f"--nproc must be >= 1, got {n}.")
     return n
+
+
+def _check_cpu_ranks(nproc: int, backend: str, gpus: int, notes: list[str]) -> None:
+    if backend == "nccl" and gpus:
+        return  # one GPU each, checked by _backend
+    cores = _cpu_cores()
+    if nproc > MAX_CPU_RANKS_PER_CORE * cores:
+        raise EnvironmentMismatchError(
+            f"--nproc {nproc} CPU ranks on {cores} CPU core(s): each rank is a whole process "
+            f"with its own copy of torch and the model, so this many would exhaust the machine. "
+            f"Use at most --nproc {MAX_CPU_RANKS_PER_CORE * cores} here (--nproc {cores} for "
+            "one rank per core), or run on more nodes."
+        )
+    if nproc > cores:
+        notes.append(
+            f"{nproc} CPU ranks share {cores} core(s): each runs slower than on its own core"
+        )
+
+
+# Flags paratrain sets itself: passing them through --torchrun-arg would silently override it.
+_OWN_FLAGS = {
+    "--nproc-per-node": "--nproc", "--nproc_per_node": "--nproc", "--nnodes": "--nnodes",
+    "--node-rank": "--node-rank", "--node_rank": "--node-rank", "--max-restarts": "--max-restarts",
+    "--max_restarts": "--max-restarts", "--rdzv-endpoint": "--rdzv-endpoint",
+    "--rdzv_endpoint": "--rdzv-endpoint", "--rdzv-id": "--rdzv-id", "--rdzv_id": "--rdzv-id",
+    "--standalone": "--rdzv-endpoint", "--rdzv-backend": "--rdzv-endpoint",
+    "--rdzv_backend": "--rdzv-endpoint",
+}  # fmt: skip
+
+
+def _check_torchrun_args(extra: list[str], torchrun_argv: list[str], target: list[str]) -> None:
+    """Refuse a --torchrun-arg torchrun would reject, or one that overrides paratrain's flags."""
+    if not extra:
+        return
+    for arg in extra:
+        name = arg.split("=", 1)[0]
+        if name in _OWN_FLAGS:
+            raise ConfigError(
+                f"--torchrun-arg {arg!r} sets what paratrain run already sets; one would be "
+                f"ignored. Use paratrain run's own {_OWN_FLAGS[name]} flag instead."
+            )
+    from torch.distributed.run import get_args_parser
+
+    parser = get_args_parser()
+
+    def refuse(message: str) -> NoReturn:
+        raise ConfigError(
+            f"--torchrun-arg {' '.join(extra)!r}: torchrun rejects it ({message}). Pass one "
+            "torchrun flag per --torchrun-arg, as --torchrun-arg=--flag=value; `python -m "
+            "torch.distributed.run --help` lists them."
+        )
+
+    parser.error = refuse  # type: ignore[method-assign]
+    with contextlib.redirect_stdout(io.StringIO()):  # --help would print
+        try:
+            parser.parse_args([*torchrun_argv, *extra, *target])
+        except SystemExit:
+            refuse("it asked for help or exited")
 
 
 def _target(options: RunOptions) -> list[str]:
@@ -116,6 +190,9 @@ def make_plan(options: RunOptions, *, env: Mapping[str, str], gpus: int) -> Laun
     target = _target(options)
     nproc = _nproc(options.nproc, gpus, notes)
     backend = _backend(options.backend, nproc, gpus)
+    _check_cpu_ranks(nproc, backend, gpus, notes)
+    if options.run_dir is not None:
+        check_creatable(options.run_dir, "--run-dir")
     nnodes, node_rank, endpoint, source = _nodes(options, env)
     if endpoint is not None:
         _check_endpoint(endpoint)
@@ -144,6 +221,7 @@ def make_plan(options: RunOptions, *, env: Mapping[str, str], gpus: int) -> Laun
             f"--rdzv-endpoint={endpoint}",
             f"--rdzv-id={options.rdzv_id or 'paratrain'}",
         ]
+    _check_torchrun_args(options.torchrun_args, argv[3:], target)
     return LaunchPlan(
         argv=[*argv, *options.torchrun_args, *target],
         env=_run_env(options, env),
@@ -174,7 +252,8 @@ def _backend(asked: str | None, nproc: int, gpus: int) -> str:
 
 def _check_endpoint(endpoint: str) -> None:
     host, colon, port = endpoint.rpartition(":")
-    if not colon or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+    digits = port.isascii() and port.isdigit()
+    if not colon or not host or not digits or not 1 <= int(port) <= 65535:
         raise ConfigError(
             f"--rdzv-endpoint {endpoint!r} must be HOST:PORT with a port from 1 to 65535, e.g. "
             f"node0:29500 (the same on every node)."
@@ -206,8 +285,13 @@ def _run_env(options: RunOptions, env: Mapping[str, str]) -> dict[str, str]:
 
 def _nodes(options: RunOptions, env: Mapping[str, str]) -> tuple[int, int, str | None, str]:
     if "SLURM_JOB_ID" in env and options.nnodes is None:
-        nnodes = int(env.get("SLURM_NNODES", "1"))
-        node_rank = int(env.get("SLURM_NODEID", "0"))
+        nnodes = env_int(env, "SLURM_NNODES", 1)
+        node_rank = env_int(env, "SLURM_NODEID", 0)
+        if nnodes < 1 or not 0 <= node_rank < nnodes:
+            raise ConfigError(
+                f"Slurm says SLURM_NNODES={nnodes} and SLURM_NODEID={node_rank}, which do not fit "
+                "together. Run inside a real allocation (srun), or pass --nnodes and --node-rank."
+            )
         host = first_host(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "127.0.0.1")
         port = slurm_rendezvous_port(env)
         endpoint = options.rdzv_endpoint or (f"{host}:{port}" if nnodes > 1 else None)

@@ -14,6 +14,7 @@ from typing import Any
 
 from paratrain.cli_types import positive_seconds
 from paratrain.errors import ConfigError
+from paratrain.paths import existing
 from paratrain.run_dir import RunDir
 
 
@@ -126,7 +127,7 @@ def run_monitor(args: argparse.Namespace) -> int:
 
     from paratrain.monitor.snapshot import snapshot
 
-    if args.run_dir is not None and not RunDir(args.run_dir).stats.is_dir():
+    if args.run_dir is not None and not RunDir(existing(args.run_dir, "RUN_DIR")).stats.is_dir():
         raise ConfigError(
             f"{args.run_dir} has no stats/ folder. Pass the run dir of a paratrain job (its "
             "run_dir setting, default runs/paratrain), started with stats_every set."

@@ -89,6 +89,7 @@ def rank_processes() -> dict[int, psutil.Process]:
         rank = env.get("RANK") if "LOCAL_RANK" in env else env.get("SLURM_PROCID")
         if (
             rank is not None
+            and rank.isascii()
             and rank.isdigit()
             and ("TORCHELASTIC_RUN_ID" in env or "SLURM_JOB_ID" in env)
         ):
