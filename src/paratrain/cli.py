@@ -63,10 +63,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    found: list[argparse.Action] = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found += _actions(sub)
+        else:
+            found.append(action)
+    return found
+
+
+def _refuse_empty_values(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """argparse of Python < 3.12 turns ``--flag=--`` into an empty list instead of an error."""
+    for action in _actions(parser):
+        plain = type(action) is argparse._StoreAction and action.nargs is None
+        if plain and getattr(args, action.dest, None) == []:
+            flag = action.option_strings[-1] if action.option_strings else action.dest
+            parser.error(f"argument {flag}: '--' is not a value; give one")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen command; return its exit code."""
     parser = build_parser()
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    _refuse_empty_values(parser, args)
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()

@@ -123,9 +123,12 @@ def check_new(path: object, what: str, error: type[ParatrainError] = ConfigError
         pass
     except (OSError, ValueError) as err:
         reason = _reason(err) if isinstance(err, OSError) else str(err)
-        raise error(f"{what} {_shown(target)} cannot be used ({reason}). Choose another.") from None
+        raise error(
+            f"{what} {_shown(target)} cannot be used ({reason}). Choose another; nothing was "
+            "written."
+        ) from None
     else:
-        raise error(f"{what} {target} already exists. Choose a new path (nothing was written).")
+        raise error(f"{what} {target} already exists. Choose a new path; nothing was written.")
     try:
         check_creatable(target, what)
     except ConfigError as err:

@@ -34,11 +34,11 @@ def test_plan_skips_what_this_machine_cannot_run() -> None:
 @pytest.mark.parametrize(
     "args,needle",
     [
-        (["--strategies", "nope"], "Available: cpu, single, dp, ddp, fsdp"),
+        (["--strategies", "nope"], "comma list of: cpu, single, dp, ddp, fsdp"),
         (["--nproc", "one"], "'one' is not a whole number"),
-        (["--precision", "fp8"], "Available: fp32, bf16, fp16"),
+        (["--precision", "fp8"], "comma list of: fp32, bf16, fp16"),
         (["--model", "nosuchmodule:factory"], "cannot import"),
-        (["--steps", "0"], "argument --steps: 0 must be at least 1"),
+        (["--steps", "0"], "argument --steps: 0 must be from 1 to 1000000"),
     ],
 )
 def test_bad_input(args: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -117,3 +117,22 @@ def test_transformer_width_must_split_into_heads(capsys: pytest.CaptureFixture[s
     with pytest.raises(SystemExit) as info:
         main(["bench", "--model", "transformer", "--width", "129"])
     assert info.value.code == 2 and "multiple of 2" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--model", "cnn", "--image-size", "2"], "does not run at these sizes"),
+        (["--model", "mlp", "--width", "65536", "--depth", "1024"], "more than this machine's"),
+        (["--model", "cnn", "--image-size", "5000"], "must be from 1 to 4096"),
+        (["--strategies", "cpu,"], "has an empty entry"),
+        (["--strategies", ""], "has an empty entry"),
+    ],
+)
+def test_sizes_are_checked_before_any_rank_starts(
+    args: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["bench", *args, "--nproc", "1", "--steps", "1", "--rounds", "1"])
+    err = capsys.readouterr().err.replace("\n", " ")
+    assert info.value.code == 2 and needle in err and "Traceback" not in err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -12,9 +13,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from rich.console import Console
 
-from paratrain.doctor import checks, facts
+from paratrain.doctor import checks, facts, render
 from paratrain.doctor.command import build_report
 
 FAKE_SMI = """#!/bin/sh
@@ -179,3 +182,31 @@ def test_a_garbled_launcher_variable_is_reported_not_raised() -> None:
 
     check = check_omp({"env": {"LOCAL_WORLD_SIZE": "abc"}, "torch": {"gpus": []}, "cpu_cores": 2})
     assert check.status == "FAIL" and "LOCAL_WORLD_SIZE" in check.detail
+
+
+ENV_KEYS = [
+    "LOCAL_WORLD_SIZE", "MASTER_PORT", "MASTER_ADDR", "OMP_NUM_THREADS", "RANK",
+    "NCCL_P2P_DISABLE", "NCCL_IB_DISABLE", "CUDA_VISIBLE_DEVICES", "WORLD_SIZE",
+]  # fmt: skip
+
+
+@functools.cache
+def _machine() -> dict[str, Any]:
+    return facts.gather()
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    env=st.dictionaries(
+        st.sampled_from(ENV_KEYS),
+        st.one_of(
+            st.text(max_size=12),
+            st.sampled_from(["²", "99999", "-1", "0", "1" * 40, "localhost", "::1", "４"]),
+        ),
+    )
+)
+def test_any_launcher_variables_give_a_report_never_an_exception(env: dict[str, str]) -> None:
+    base = _machine()
+    results = checks.run_checks({**base, "env": env})
+    assert all(c.status in ("OK", "WARN", "FAIL") for c in results)
+    render.as_json({"facts": {**base, "env": env}, "checks": [c.as_dict() for c in results]})

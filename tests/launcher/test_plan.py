@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 from pathlib import Path
 
@@ -153,3 +154,55 @@ def test_bad_rendezvous_endpoints_are_named(script: Path, endpoint: str) -> None
 def test_a_folder_given_as_the_script_is_named(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="is a folder, not a script"):
         make_plan(RunOptions(target=[str(tmp_path)]), env={}, gpus=0)
+
+
+def test_too_many_cpu_ranks_are_refused_and_oversubscription_is_noted(
+    script: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("paratrain.launcher.plan._cpu_cores", lambda: 2)
+    with pytest.raises(EnvironmentMismatchError, match="at most --nproc 8 here"):
+        make_plan(RunOptions(target=[str(script)], nproc="9"), env={}, gpus=0)
+    plan = make_plan(RunOptions(target=[str(script)], nproc="3"), env={}, gpus=0)
+    assert any("3 CPU ranks share 2 core(s)" in n for n in plan.notes)
+    assert not make_plan(RunOptions(target=[str(script)], nproc="2"), env={}, gpus=0).notes
+
+
+@pytest.mark.parametrize(
+    "arg,needle",
+    [
+        ("--bogus", "torchrun rejects it (unrecognized arguments: --bogus)"),
+        ("--nproc-per-node=3", "Use paratrain run's own --nproc flag"),
+        ("--standalone", "own --rdzv-endpoint flag"),
+        ("--max_restarts=2", "own --max-restarts flag"),
+    ],
+)
+def test_torchrun_args_are_checked_by_torchrun_s_parser(
+    script: Path, arg: str, needle: str
+) -> None:
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        make_plan(RunOptions(target=[str(script)], nproc="1", torchrun_args=[arg]), env={}, gpus=0)
+    ok = make_plan(
+        RunOptions(target=[str(script)], nproc="1", torchrun_args=["--log-dir=logs"]),
+        env={},
+        gpus=0,
+    )
+    assert "--log-dir=logs" in ok.argv
+
+
+@pytest.mark.parametrize("run_dir", ["/proc/x", "file", "file/sub", "a" * 300])
+def test_an_unusable_run_dir_is_refused_before_launch(
+    script: Path, tmp_path: Path, run_dir: str
+) -> None:
+    (tmp_path / "file").write_text("")
+    options = RunOptions(target=[str(script)], nproc="1", run_dir=tmp_path / run_dir)
+    with pytest.raises(ConfigError, match="--run-dir"):
+        make_plan(options, env={}, gpus=0)
+
+
+def test_garbled_slurm_variables_are_named() -> None:
+    env = {"SLURM_JOB_ID": "7", "SLURM_NNODES": "two", "SLURM_NODEID": "0"}
+    with pytest.raises(ConfigError, match="SLURM_NNODES='two' is not an integer"):
+        make_plan(RunOptions(target=["-m", "x"], nproc="1"), env=env, gpus=0)
+    env = {"SLURM_JOB_ID": "7", "SLURM_NNODES": "2", "SLURM_NODEID": "5"}
+    with pytest.raises(ConfigError, match="do not fit together"):
+        make_plan(RunOptions(target=["-m", "x"], nproc="1"), env=env, gpus=0)

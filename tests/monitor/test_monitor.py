@@ -75,6 +75,10 @@ def test_cli_once_json_and_bad_dir(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "input-bound" in out and "exited" in out
     with pytest.raises(SystemExit) as info:
         main(["monitor", str(tmp_path / "nothing"), "--once"])
+    assert info.value.code == 2 and "does not exist" in capsys.readouterr().err.replace("\n", " ")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit) as info:
+        main(["monitor", str(tmp_path / "empty"), "--once"])
     assert info.value.code == 2 and "no stats/ folder" in capsys.readouterr().err.replace("\n", " ")
 
 
