@@ -20,6 +20,7 @@ import warnings
 from pathlib import Path
 from typing import Any, TypeGuard
 
+import psutil
 import torch
 import torch.distributed.checkpoint.metadata as dcp_metadata
 from torch.distributed.checkpoint._traverse import set_element
@@ -219,6 +220,15 @@ def _empty_like_stored(folder: Path, meta: Metadata, fqn: str) -> torch.Tensor:
                 f"{folder / '.metadata'} declares {fqn} as {tuple(entry.size)} {dtype} "
                 f"({needed} bytes) but stores only {have} bytes for it: the metadata is corrupt. "
                 "Use another copy of the checkpoint."
+            )
+    else:  # compressed: the stored length bounds nothing, so the machine's memory must
+        free = psutil.virtual_memory().available
+        if needed > free:
+            raise CheckpointError(
+                f"{folder / '.metadata'} declares the compressed {fqn} as {tuple(entry.size)} "
+                f"{dtype} ({needed} bytes once decompressed), more than the {free} bytes of "
+                "free memory here. The metadata is corrupt, or the checkpoint needs a larger "
+                "machine to read."
             )
     return torch.empty(entry.size, dtype=dtype)
 
