@@ -9,9 +9,14 @@ machine vs GPUs) happen when the strategy is chosen, in :mod:`paratrain.strategi
 
 from __future__ import annotations
 
+import ast
 import difflib
+import inspect
+import itertools
+import re
+import textwrap
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from os import PathLike
 from pathlib import Path
 
@@ -138,30 +143,42 @@ def _one_of(name: str, value: object, allowed: tuple[str, ...]) -> None:
         )
 
 
-def _choice(allowed: tuple[str, ...], *, optional: bool = False) -> Check:
+@dataclass(frozen=True)
+class Rule:
+    """The check of one setting and the words that describe what it allows."""
+
+    check: Callable[[str, object], None]
+    allowed: str
+
+
+def _choice(allowed: tuple[str, ...], *, optional: bool = False) -> Rule:
     def check(name: str, value: object) -> None:
         if not (optional and value is None):
             _one_of(name, value, allowed)
 
-    return check
+    words = ", ".join(f"`{a}`" for a in allowed)
+    return Rule(check, f"{words}{', None' if optional else ''}")
 
 
-def _whole(*, low: int, high: int = 2**63 - 1, optional: bool = False, hint: str = "") -> Check:
+def _whole(*, low: int, high: int | None = None, optional: bool = False, hint: str = "") -> Rule:
+    kind = "a positive integer" if low == 1 else f"an integer >= {low}"
+    limit = f" up to {high}" if high is not None else ""
+    top = 2**63 - 1 if high is None else high
+
     def check(name: str, value: object) -> None:
         if optional and value is None:
             return
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            kind = "a positive integer" if low == 1 else f"an integer >= {low}"
-            limit = f" up to {high}" if high < 2**63 - 1 else ""
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= top:
             raise ConfigError(
                 f"{name} must be {'None or ' if optional else ''}{kind}{limit}, got {value!r}"
                 f"{f' ({hint})' if hint else ''}."
             )
 
-    return check
+    text = f"int ≥ {low}" + (f", ≤ {high}" if high is not None else "")
+    return Rule(check, f"{text}{', None' if optional else ''}")
 
 
-def _number(*, high: float, optional: bool = False, hint: str = "") -> Check:
+def _number(*, high: float, optional: bool = False, hint: str = "") -> Rule:
     def check(name: str, value: object) -> None:
         if optional and value is None:
             return
@@ -173,7 +190,8 @@ def _number(*, high: float, optional: bool = False, hint: str = "") -> Check:
                 f"{f' ({hint})' if hint else ''}."
             )
 
-    return check
+    most = f"{high:,.0f}" if high < 1e15 else f"{high:g}"
+    return Rule(check, f"number > 0, ≤ {most}{', None' if optional else ''}")
 
 
 def _flag(name: str, value: object) -> None:
@@ -225,8 +243,10 @@ def _mapping(name: str, value: object) -> None:
         raise ConfigError(f"{name} must be a dict of your own values, got {value!r}.")
 
 
-Check = Callable[[str, object], None]
-_CHECKS: dict[str, Check] = {
+FLAG = Rule(_flag, "`True`, `False`")
+FOLDER = Rule(_directory, "folder path (str, Path) that can be made, None")
+POLICY = Rule(_policy, "tuple of module classes, or a predicate")
+_RULES: dict[str, Rule] = {
     "strategy": _choice(("auto", *STRATEGY_NAMES)),
     "accelerator": _choice(ACCELERATORS),
     "backend": _choice(BACKENDS, optional=True),
@@ -236,24 +256,49 @@ _CHECKS: dict[str, Check] = {
     "per_rank_batch": _whole(low=1, optional=True),
     "max_grad_norm": _number(high=1e30, optional=True, hint="e.g. 1.0; None does not clip"),
     "seed": _whole(low=0, high=2**63 - 1, hint="e.g. seed=0; int(time.time()) for a fresh one"),
-    "run_dir": _directory,
-    "ckpt_dir": _directory,
+    "run_dir": FOLDER,
+    "ckpt_dir": FOLDER,
     "keep_last": _whole(low=1, optional=True, hint="None keeps every checkpoint"),
-    "async_save": _flag,
+    "async_save": FLAG,
     "stats_every": _whole(low=1, optional=True, hint="None writes no stats"),
-    "tensorboard": _flag,
-    "progress": _flag,
+    "tensorboard": FLAG,
+    "progress": FLAG,
     "timeout_s": _number(high=30 * 86400, hint="seconds; at most 30 days"),
-    "watchdog": _flag,
-    "device_ids": _device_ids,
-    "sync_batchnorm": _flag,
-    "find_unused_parameters": _flag,
-    "broadcast_buffers": _flag,
-    "static_graph": _flag,
+    "watchdog": FLAG,
+    "device_ids": Rule(_device_ids, "list of GPU indices, None"),
+    "sync_batchnorm": FLAG,
+    "find_unused_parameters": FLAG,
+    "broadcast_buffers": FLAG,
+    "static_graph": FLAG,
     "comm_hook": _choice(COMM_HOOKS, optional=True),
-    "fsdp_wrap": _policy,
-    "activation_checkpointing": _policy,
+    "fsdp_wrap": POLICY,
+    "activation_checkpointing": POLICY,
     "num_workers": _whole(low=0, high=1024, optional=True),
-    "extra": _mapping,
+    "extra": Rule(_mapping, "dict"),
 }
-"""One check per setting (a test asserts that every field has one)."""
+"""One rule per setting (a test asserts that every field has one)."""
+_CHECKS: dict[str, Callable[[str, object], None]] = {k: r.check for k, r in _RULES.items()}
+
+
+def _field_docs() -> dict[str, str]:
+    """Each RunConfig field's docstring, as one line of Markdown."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(RunConfig)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for node, after in itertools.pairwise(body):
+        named = isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+        if named and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):
+            text = " ".join(str(after.value.value).split())
+            text = re.sub(r":\w+:`~?([^`]+)`", r"`\1`", text).replace("``", "`")
+            docs[node.target.id] = text.replace("|", "\\|")
+    return docs
+
+
+def settings_table() -> str:
+    """The README's settings table, made from the fields, their defaults, rules and docstrings."""
+    docs = _field_docs()
+    rows = ["| setting | default | allowed | meaning |", "|---|---|---|---|"]
+    for f in fields(RunConfig):
+        default = f.default if f.default_factory is MISSING else f.default_factory()
+        rows.append(f"| `{f.name}` | `{default!r}` | {_RULES[f.name].allowed} | {docs[f.name]} |")
+    return "\n".join(rows) + "\n"
