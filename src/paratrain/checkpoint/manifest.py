@@ -13,22 +13,33 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 
-from paratrain.checkpoint.files import crc_file
+from paratrain.checkpoint.files import file_problem
 from paratrain.errors import CheckpointError
 
-FORMAT_VERSION = 2
-"""1: one model and optimizer; 2: named models, schedulers, objects, loader positions."""
+FORMAT_VERSION = 3
+"""1: one model and optimizer; 2: named models, schedulers, objects, loader positions;
+3: XXH3-64 checksums instead of CRC32."""
 MANIFEST = "manifest.json"
 
 
 @dataclass(kw_only=True, slots=True)
 class FileRecord:
-    """One file of a checkpoint."""
+    """One file of a checkpoint: its size and one checksum."""
 
-    crc32: int
-    """zlib CRC32 of the file's bytes."""
     bytes: int
     """Size of the file."""
+    xxh3_64: int | None = None
+    """xxHash XXH3-64 of the file's bytes (format 3)."""
+    crc32: int | None = None
+    """zlib CRC32 of the file's bytes (formats 1 and 2)."""
+
+    @property
+    def checksum(self) -> tuple[str, int]:
+        """(algorithm, value) for :func:`paratrain.checkpoint.files.read_verified`."""
+        if self.xxh3_64 is not None:
+            return "xxh3_64", self.xxh3_64
+        assert self.crc32 is not None  # checked when the manifest is read
+        return "crc32", self.crc32
 
 
 @dataclass(kw_only=True, slots=True)
@@ -114,17 +125,10 @@ class Manifest:
         """Problems found (missing, resized or corrupted files); empty when intact."""
         problems = []
         for name, record in self.files.items():
-            path = folder / name
-            try:
-                if not path.is_file():
-                    problems.append(f"{name} is missing")
-                elif path.stat().st_size != record.bytes:
-                    size = path.stat().st_size
-                    problems.append(f"{name} has {size} bytes, expected {record.bytes}")
-                elif crc_file(path) != record.crc32:
-                    problems.append(f"{name} fails its checksum (corrupted)")
-            except OSError as err:
-                problems.append(f"{name} cannot be read ({err.strerror or err})")
+            algorithm, expected = record.checksum
+            problem = file_problem(folder / name, algorithm, expected, record.bytes)
+            if problem:
+                problems.append(problem.replace((folder / name).name, name, 1))
         return problems
 
 
@@ -154,7 +158,11 @@ def _check_types(manifest: Manifest) -> None:
         parts = PurePosixPath(name).parts
         if not parts or name.startswith("/") or ".." in parts or "\0" in name:
             raise ValueError(f"it lists {name!r}, which is not a file inside the checkpoint")
-        for key in ("crc32", "bytes"):
+        for key in ("xxh3_64", "crc32", "bytes"):
             value = getattr(record, key)
+            if value is None and key != "bytes":
+                continue
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"{key} of {name} is {value!r}, not an integer")
+        if (record.xxh3_64 is None) == (record.crc32 is None):
+            raise ValueError(f"{name} needs exactly one checksum (xxh3_64 or crc32)")

@@ -21,6 +21,7 @@ import dataclasses
 import io
 import pathlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ import torch.distributed as dist
 
 from paratrain.checkpoint.manifest import Manifest
 from paratrain.checkpoint.rng import capture_rng, reseed_rng, restore_rng
-from paratrain.checkpoint.store import CheckpointStore, SaveRequest, load_trainer
+from paratrain.checkpoint.store import CheckpointStore, SaveRequest, Staged, load_trainer
 from paratrain.errors import CheckpointError, ConfigError
 from paratrain.loop_state import LoopState, epoch_to_save
 from paratrain.precision import Precision
@@ -207,13 +208,14 @@ def resume(
             "run.resume() needs the model: call run.setup(model, optimizer) first. To read a "
             "checkpoint's extras before building the model, use run.latest_checkpoint()."
         )
-    found = _agree(store.latest_valid() if pieces.layout.rank == 0 else None)
+    found = _read_newest_intact(store, warn)
     if found is None:
         say(f"paratrain: no checkpoint in {store.directory}; starting fresh")
         return None
-    folder, manifest = found
-    trainer = load_trainer(folder)
-    _restore_units(pieces, store, folder, manifest, trainer, warn)
+    staged, manifest = found
+    folder = staged.folder
+    trainer = staged.trainer()
+    _restore_units(pieces, store, staged, manifest, trainer, warn)
     _restore_rest(pieces, trainer)
     if manifest.world_size == pieces.layout.world_size:
         restore_rng(trainer["rng"][pieces.layout.rank])
@@ -249,7 +251,7 @@ def resume(
 def _restore_units(
     pieces: Pieces,
     store: CheckpointStore,
-    folder: Path,
+    staged: Staged,
     manifest: Manifest,
     trainer: dict[str, Any],
     warn: Any,
@@ -262,7 +264,7 @@ def _restore_units(
     def restore(name: str) -> Any:
         def apply(unit: Unit) -> None:
             target = pieces.layout.unwrap(unit.module)
-            store.load_unit(folder, name, target, unit.optimizers, trainer=trainer)
+            store.load_unit(staged, name, target, unit.optimizers, trainer=trainer)
 
         return apply
 
@@ -274,7 +276,7 @@ def _restore_units(
     missing = [n for n in units if n not in saved]
     if missing:
         warn(
-            f"model(s) {missing} are not in {folder} (it holds {saved}); they keep their "
+            f"model(s) {missing} are not in {staged.folder} (it holds {saved}); they keep their "
             "current weights"
         )
 
@@ -362,6 +364,54 @@ def latest(store: CheckpointStore, rank: int) -> CheckpointInfo | None:
         return None
     folder, manifest = found
     return CheckpointInfo(folder, manifest, dict(load_trainer(folder).get("extras", {})))
+
+
+def _read_newest_intact(
+    store: CheckpointStore, warn: Callable[[str], None]
+) -> tuple[Staged, Manifest] | None:
+    """The newest checkpoint whose every file reads back intact on every rank, read once.
+
+    Each rank reads and checks the files itself (one pass: checksums while reading); the ranks
+    then agree, and a checkpoint damaged for any of them is skipped by all, before any of its
+    bytes reach a model or optimizer.
+    """
+    listed = _agree_list(store.candidates() if _rank() == 0 else None)
+    for folder, manifest in listed:
+        try:
+            staged: Staged | None = store.read(folder, manifest)
+            problem = ""
+        except CheckpointError as err:
+            staged, problem = None, str(err)
+        if _everywhere(staged is not None) and staged is not None:
+            return staged, manifest
+        warn(f"skipping {folder}: {problem or 'damaged as read by another rank'}")
+    return None
+
+
+def _rank() -> int:
+    return dist.get_rank() if _distributed() else 0
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _everywhere(ok: bool) -> bool:
+    """True when ``ok`` holds on every rank (collective)."""
+    if not _distributed():
+        return ok
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def _agree_list(found: list[tuple[Path, Manifest]] | None) -> list[tuple[Path, Manifest]]:
+    """Rank 0's list of candidates, for every rank."""
+    if not _distributed():
+        return found or []
+    box: list[Any] = [found]
+    dist.broadcast_object_list(box, src=0)
+    return box[0] or []
 
 
 def _agree(found: tuple[Path, Manifest] | None) -> tuple[Path, Manifest] | None:

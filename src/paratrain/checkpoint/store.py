@@ -33,7 +33,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from safetensors.torch import load_file
 from torch import nn
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
@@ -44,8 +43,11 @@ from torch.optim import Optimizer
 from paratrain.checkpoint import state as st
 from paratrain.checkpoint.dcp_io import SafePlanner, SafeReader
 from paratrain.checkpoint.files import (
-    crc_file,
+    checksum_file,
+    file_problem,
     fsync_dir,
+    read_verified,
+    tensors_from_safetensors,
     write_bytes_durable,
     write_safetensors,
 )
@@ -251,7 +253,7 @@ class CheckpointStore:
         buffer = io.BytesIO()
         torch.save(trainer, buffer)
         records["trainer.pt"] = write_bytes_durable(tmp / "trainer.pt", buffer.getvalue())
-        manifest.files = {k: FileRecord(crc32=c, bytes=b) for k, (c, b) in records.items()}
+        manifest.files = {k: FileRecord(xxh3_64=c, bytes=b) for k, (c, b) in records.items()}
         manifest.created = time.time()
         write_bytes_durable(tmp / MANIFEST, manifest.to_json().encode())
         for folder in {tmp, *((tmp / name).parent for name in records)}:
@@ -312,28 +314,52 @@ class CheckpointStore:
 
     def latest_valid(self) -> tuple[Path, Manifest] | None:
         """Newest checkpoint whose manifest reads and whose files verify; warns about others."""
-        for folder in self.committed():
-            try:
-                manifest = Manifest.read(folder)
-            except CheckpointError as err:
-                self.warn(f"skipping {folder}: {err}")
-                continue
+        for folder, manifest in self.candidates():
             problems = manifest.verify(folder)
             if not problems:
                 return folder, manifest
             self.warn(f"skipping {folder}: {'; '.join(problems)}")
         return None
 
+    def candidates(self) -> list[tuple[Path, Manifest]]:
+        """Committed checkpoints whose manifest reads, newest first; warns about the others."""
+        found = []
+        for folder in self.committed():
+            try:
+                found.append((folder, Manifest.read(folder)))
+            except CheckpointError as err:
+                self.warn(f"skipping {folder}: {err}")
+        return found
+
+    @staticmethod
+    def read(folder: Path, manifest: Manifest) -> Staged:
+        """Every file of a checkpoint read once and checked against the manifest.
+
+        Replicated files come back as buffers to load from; the shards of a DCP folder are
+        checked on disk and read again by DCP. Raises CheckpointError for the first damaged file.
+        """
+        buffers: dict[str, torch.Tensor] = {}
+        for name, record in manifest.files.items():
+            algorithm, expected = record.checksum
+            if name.startswith("dcp/"):
+                problem = file_problem(folder / name, algorithm, expected, record.bytes)
+                if problem:
+                    raise CheckpointError(problem)
+            else:
+                buffers[name] = read_verified(folder / name, algorithm, expected, record.bytes)
+        return Staged(folder, buffers)
+
     def load_unit(
         self,
-        folder: Path,
+        staged: Staged,
         name: str,
         target: nn.Module,
         optimizers: list[Optimizer],
         *,
         trainer: dict[str, Any],
     ) -> None:
-        """Restore the model saved as ``name`` (and its optimizers) from ``folder``."""
+        """Restore the model saved as ``name`` (and its optimizers) from a read checkpoint."""
+        folder = staged.folder
         model_stem, optim_stem = stems(name)
         if (folder / "dcp").is_dir():
             model_sd, optim_sd = st.collect(target, optimizers, full=False)
@@ -343,19 +369,42 @@ class CheckpointStore:
             dcp_load(state, storage_reader=SafeReader(str(folder / "dcp")), planner=SafePlanner())
             st.apply(target, optimizers, state[model_stem], state.get(optim_stem, {}), full=False)
             return
-        model_sd = load_file(str(folder / f"{model_stem}.safetensors"))
+        model_sd = staged.tensors(f"{model_stem}.safetensors")
         metas = trainer["optimizer_meta"]
         meta = metas if "param_groups" in metas else metas[name]  # format 1: one optimizer
-        optim_sd = st.unflatten_optimizer(
-            load_file(str(folder / f"{optim_stem}.safetensors")), meta
-        )
+        optim_sd = st.unflatten_optimizer(staged.tensors(f"{optim_stem}.safetensors"), meta)
         st.apply(target, optimizers, model_sd, optim_sd, full=True)
 
 
-def load_trainer(folder: Path) -> dict[str, Any]:
-    """``trainer.pt`` of a checkpoint, loaded with ``weights_only=True``."""
+@dataclass
+class Staged:
+    """A checkpoint whose files were read once and verified (see :meth:`CheckpointStore.read`).
+
+    The optimizer state it hands out are views of its buffers, kept by the optimizer: no copy.
+    """
+
+    folder: Path
+    buffers: dict[str, torch.Tensor]
+
+    def tensors(self, name: str) -> dict[str, torch.Tensor]:
+        """The tensors of the safetensors file ``name``."""
+        if name not in self.buffers:
+            raise CheckpointError(f"{self.folder} has no {name}: the checkpoint is incomplete.")
+        return tensors_from_safetensors(self.buffers[name], name)
+
+    def trainer(self) -> dict[str, Any]:
+        """``trainer.pt``, loaded with ``weights_only=True``."""
+        raw = self.buffers.get("trainer.pt")
+        source: Any = io.BytesIO(raw.numpy().tobytes()) if raw is not None else None
+        return load_trainer(self.folder, source)
+
+
+def load_trainer(folder: Path, source: Any = None) -> dict[str, Any]:
+    """``trainer.pt`` of a checkpoint (or ``source``, its bytes), with ``weights_only=True``."""
     try:
-        data: dict[str, Any] = torch.load(folder / "trainer.pt", weights_only=True)
+        data: dict[str, Any] = torch.load(
+            folder / "trainer.pt" if source is None else source, weights_only=True
+        )
     except Exception as err:
         raise CheckpointError(
             f"{folder / 'trainer.pt'} cannot be loaded safely ({err}). If it holds extras of "
@@ -367,7 +416,7 @@ def load_trainer(folder: Path) -> dict[str, Any]:
 
 def _records_of(root: Path, base: Path) -> dict[str, tuple[int, int]]:
     return {
-        str(p.relative_to(base)): (crc_file(p), p.stat().st_size)
+        str(p.relative_to(base)): (checksum_file(p), p.stat().st_size)
         for p in sorted(root.rglob("*"))
         if p.is_file()
     }
