@@ -17,7 +17,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import queue
 import tempfile
 import threading
 import zlib
@@ -32,6 +31,8 @@ from paratrain.errors import CheckpointError
 
 _CHUNK = 64 * 2**20
 _READ_BLOCK = 8 * 2**20  # small enough to stay in cache between reading and hashing
+READ_THREADS = 2
+"""Threads reading one checkpoint file (measured by benchmarks/checkpoint_io.py)."""
 _ST_DTYPES = {
     torch.float64: "F64",
     torch.float32: "F32",
@@ -130,9 +131,10 @@ def file_problem(path: Path, algorithm: str, expected: int, size: int) -> str | 
 def read_verified(path: Path, algorithm: str, expected: int, size: int) -> torch.Tensor:
     """The bytes of ``path`` as a uint8 tensor, after checking its size and checksum.
 
-    One pass over the file: a thread reads block i + 1 while this one hashes block i (both
-    release the GIL). Raises :class:`CheckpointError` naming the file when it is missing,
-    resized or corrupted; no caller sees a byte of a file that failed.
+    One pass over the file: reader threads fill the blocks (``os.preadv`` releases the GIL)
+    while this thread hashes them in order as they arrive. Raises :class:`CheckpointError`
+    naming the file when it is missing, resized, corrupted or unreadable; no caller sees a byte
+    of a file that failed.
     """
     try:
         actual = path.stat().st_size
@@ -142,36 +144,48 @@ def read_verified(path: Path, algorithm: str, expected: int, size: int) -> torch
         raise CheckpointError(f"{path.name} has {actual} bytes, expected {size}")
     buffer = torch.empty(size, dtype=torch.uint8)
     view = buffer.numpy().data if size else memoryview(b"")
-    digest = new_digest(algorithm)
-    blocks: queue.SimpleQueue[tuple[int, int] | BaseException] = queue.SimpleQueue()
+    blocks = [(start, min(_READ_BLOCK, size - start)) for start in range(0, size, _READ_BLOCK)]
+    done = [threading.Event() for _ in blocks]
+    failures: list[BaseException] = []
+    readers = max(1, min(READ_THREADS, len(blocks)))
+    fd = os.open(path, os.O_RDONLY)
 
-    def read() -> None:
+    def read(first: int) -> None:
         try:
-            with path.open("rb", buffering=0) as f:
-                offset = 0
-                while offset < size:
-                    n = f.readinto(view[offset : offset + _READ_BLOCK])
-                    if not n:
-                        raise OSError(f"it ended after {offset} of {size} bytes")
-                    blocks.put((offset, n))
-                    offset += n
-            blocks.put((size, 0))
+            for i in range(first, len(blocks), readers):
+                start, length = blocks[i]
+                got = 0
+                while got < length:
+                    n = os.preadv(fd, [view[start + got : start + length]], start + got)
+                    if n <= 0:
+                        raise OSError(f"it ended after {start + got} of {size} bytes")
+                    got += n
+                done[i].set()
         except BaseException as err:  # handed to the hashing side
-            blocks.put(err)
+            failures.append(err)
+            for event in done:
+                event.set()
 
-    reader = threading.Thread(target=read, name="paratrain-read", daemon=True)
-    reader.start()
-    while True:
-        item = blocks.get()
-        if isinstance(item, BaseException):
-            reader.join()
-            text = item.strerror if isinstance(item, OSError) and item.strerror else str(item)
-            raise CheckpointError(f"{path.name} cannot be read ({text})")
-        offset, n = item
-        if n == 0:
-            break
-        digest.update(view[offset : offset + n])
-    reader.join()
+    threads = [threading.Thread(target=read, args=(k,), daemon=True) for k in range(readers)]
+    try:
+        for thread in threads:
+            thread.start()
+        digest = new_digest(algorithm)
+        for (start, length), event in zip(blocks, done, strict=True):
+            event.wait()
+            if failures:
+                break
+            digest.update(view[start : start + length])
+        for thread in threads:
+            thread.join()
+    finally:
+        os.close(fd)
+    if failures:
+        failure = failures[0]
+        text = (
+            failure.strerror if isinstance(failure, OSError) and failure.strerror else str(failure)
+        )
+        raise CheckpointError(f"{path.name} cannot be read ({text})")
     if digest.intdigest() != expected:
         raise CheckpointError(f"{path.name} fails its checksum (corrupted)")
     return buffer

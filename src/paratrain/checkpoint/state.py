@@ -59,6 +59,8 @@ def apply(
             set_model_state_dict(target, model_sd, options=options)
         else:
             set_model_state_dict(target, model_sd, options=options)
+            if full and _load_optimizers_by_name(target, optimizers, optim_sd):
+                return
             set_optimizer_state_dict(
                 target,
                 optimizers,
@@ -72,6 +74,49 @@ def apply(
             "and optimizer that wrote it, or load the weights alone with paratrain.load_weights "
             "to see a report of missing, unexpected and mismatched keys."
         ) from None
+
+
+def _load_optimizers_by_name(
+    target: nn.Module, optimizers: list[Optimizer], optim_sd: dict[str, Any]
+) -> bool:
+    """Load a full, FQN-keyed optimizer state with each optimizer's own ``load_state_dict``.
+
+    Saved tensors already on the parameters' device and dtype are adopted, not copied, and no
+    optimizer step is simulated to create the state first (which ``set_optimizer_state_dict``
+    does). Returns False, loading nothing, when a name or group does not match: the caller then
+    takes torch's general path.
+    """
+    names = {id(p): n for n, p in target.named_parameters(remove_duplicate=False)}
+    saved_groups = optim_sd.get("param_groups")
+    saved_state = optim_sd.get("state", {})
+    if not isinstance(saved_groups, list) or not isinstance(saved_state, dict):
+        return False
+    plans: list[tuple[Optimizer, dict[str, Any]]] = []
+    position = 0
+    for optimizer in optimizers:
+        groups = saved_groups[position : position + len(optimizer.param_groups)]
+        position += len(optimizer.param_groups)
+        if len(groups) != len(optimizer.param_groups):
+            return False
+        state: dict[int, Any] = {}
+        plain_groups = []
+        index = 0
+        for group, saved in zip(optimizer.param_groups, groups, strict=True):
+            fqns = [names.get(id(p)) for p in group["params"]]
+            if None in fqns or list(saved.get("params", [])) != fqns:
+                return False
+            ids = list(range(index, index + len(fqns)))
+            index += len(fqns)
+            state.update(
+                {i: saved_state[f] for i, f in zip(ids, fqns, strict=True) if f in saved_state}
+            )
+            plain_groups.append({**saved, "params": ids})
+        plans.append((optimizer, {"state": state, "param_groups": plain_groups}))
+    if position != len(saved_groups):
+        return False
+    for optimizer, plain in plans:
+        optimizer.load_state_dict(plain)
+    return True
 
 
 def _has_tensors(tree: Any) -> bool:
