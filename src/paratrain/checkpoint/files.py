@@ -105,9 +105,8 @@ def checksum_chunks(chunks: list[memoryview], algorithm: str = CHECKSUM) -> int:
 def checksum_file(path: Path, algorithm: str = CHECKSUM) -> int:
     """The checksum of a file's content."""
     digest = new_digest(algorithm)
-    buffer = bytearray(_CHUNK)
-    view = memoryview(buffer)
     with path.open("rb", buffering=0) as f:
+        view = memoryview(bytearray(min(_CHUNK, max(1, os.fstat(f.fileno()).st_size))))
         while n := f.readinto(view):
             digest.update(view[:n])
     return digest.intdigest()
