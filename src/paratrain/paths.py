@@ -29,20 +29,26 @@ def _shown(path: object) -> str:
     return repr(text if len(text) <= 120 else text[:100] + "...")
 
 
-def existing(path: object, what: str, error: type[ParatrainError] = ConfigError) -> Path:
-    """``path`` as a :class:`Path` that exists; else ``error`` naming ``what`` and the fix."""
+def _look(path: object, what: str, error: type[ParatrainError]) -> tuple[Path, bool]:
+    """(``path`` as a Path, whether it exists); ``error`` for a non-path or an unusable name."""
     if not isinstance(path, (str, os.PathLike)) or str(path) == "":
         raise error(f"{what} must be a path (str or pathlib.Path), got {path!r}.")
     target = Path(path)
     try:
         target.stat()
     except (FileNotFoundError, NotADirectoryError):
-        raise error(f"{target} does not exist. Check the path.") from None
+        return target, False
     except (OSError, ValueError) as err:
         reason = _reason(err) if isinstance(err, OSError) else str(err)
-        raise error(
-            f"{what} {_shown(target)} cannot be looked at ({reason}). Check the path."
-        ) from None
+        raise error(f"{what} {_shown(target)} cannot be used ({reason}). Check the path.") from None
+    return target, True
+
+
+def existing(path: object, what: str, error: type[ParatrainError] = ConfigError) -> Path:
+    """``path`` as a :class:`Path` that exists; else ``error`` naming ``what`` and the fix."""
+    target, found = _look(path, what, error)
+    if not found:
+        raise error(f"{target} does not exist. Check the path.")
     return target
 
 
@@ -114,20 +120,11 @@ def check_creatable(path: str | os.PathLike[str], what: str) -> None:
 
 def check_new(path: object, what: str, error: type[ParatrainError] = ConfigError) -> Path:
     """``path`` as a :class:`Path` that does not exist yet and can be written; else ``error``."""
-    if not isinstance(path, (str, os.PathLike)) or str(path) == "":
-        raise error(f"{what} must be a path (str or pathlib.Path), got {path!r}.")
-    target = Path(path)
     try:
-        target.stat()
-    except (FileNotFoundError, NotADirectoryError):
-        pass
-    except (OSError, ValueError) as err:
-        reason = _reason(err) if isinstance(err, OSError) else str(err)
-        raise error(
-            f"{what} {_shown(target)} cannot be used ({reason}). Choose another; nothing was "
-            "written."
-        ) from None
-    else:
+        target, found = _look(path, what, error)
+    except ParatrainError as err:
+        raise error(f"{err} Nothing was written.") from None
+    if found:
         raise error(f"{what} {target} already exists. Choose a new path; nothing was written.")
     try:
         check_creatable(target, what)
