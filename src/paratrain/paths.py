@@ -135,20 +135,13 @@ def check_new(path: object, what: str, error: type[ParatrainError] = ConfigError
 
 def check_output_file(path: object, what: str) -> Path:
     """``path`` as a :class:`Path` a file can be written to (made or replaced); else ConfigError."""
-    if not isinstance(path, (str, os.PathLike)) or str(path) == "":
-        raise ConfigError(f"{what} must be a file path (str or pathlib.Path), got {path!r}.")
-    target = Path(path)
-    try:
-        is_dir = target.is_dir()
-    except (OSError, ValueError) as err:
-        reason = _reason(err) if isinstance(err, OSError) else str(err)
-        raise ConfigError(f"{what} {_shown(target)} cannot be used ({reason}).") from None
-    if is_dir:
+    target, found = _look(path, what, ConfigError)
+    if found and target.is_dir():
         raise ConfigError(
             f"{what} {target} is a folder. Give a file path, e.g. {target / 'model.pt'}."
         )
     check_creatable(target.parent, what)
-    _check_names(target, target.parent if target.parent.exists() else _nearest(target), what)
+    _check_names(target, _nearest(target), what)
     return target
 
 

@@ -64,7 +64,6 @@ def fsync_dir(path: Path) -> None:
 
 CHECKSUM = "xxh3_64"
 """The checksum new checkpoints record per file."""
-CHECKSUMS = ("xxh3_64", "crc32")
 
 
 class Digest(Protocol):
