@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -32,12 +32,20 @@ import torch.distributed as dist
 
 from paratrain.checkpoint.manifest import Manifest
 from paratrain.checkpoint.rng import capture_rng, reseed_rng, restore_rng
-from paratrain.checkpoint.store import CheckpointStore, SaveRequest, Staged, load_trainer
+from paratrain.checkpoint.store import (
+    CheckpointStore,
+    SaveRequest,
+    Staged,
+    distributed,
+    load_trainer,
+)
 from paratrain.errors import CheckpointError, ConfigError
 from paratrain.loop_state import LoopState, epoch_to_save
 from paratrain.precision import Precision
 from paratrain.tracking import Tracked, Unit
 from paratrain.version import __version__
+
+T = TypeVar("T")
 
 
 @dataclass(kw_only=True)
@@ -359,7 +367,7 @@ class CheckpointInfo:
 
 def latest(store: CheckpointStore, rank: int) -> CheckpointInfo | None:
     """The newest valid checkpoint's manifest and extras, agreed by every rank (collective)."""
-    found = _agree(store.latest_valid() if rank == 0 else None)
+    found = _from_rank0(store.latest_valid() if rank == 0 else None)
     if found is None:
         return None
     folder, manifest = found
@@ -375,7 +383,7 @@ def _read_newest_intact(
     then agree, and a checkpoint damaged for any of them is skipped by all, before any of its
     bytes reach a model or optimizer.
     """
-    listed = _agree_list(store.candidates() if _rank() == 0 else None)
+    listed = _from_rank0(store.candidates() if _rank() == 0 else [])
     for folder, manifest in listed:
         try:
             staged: Staged | None = store.read(folder, manifest)
@@ -389,35 +397,22 @@ def _read_newest_intact(
 
 
 def _rank() -> int:
-    return dist.get_rank() if _distributed() else 0
-
-
-def _distributed() -> bool:
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    return dist.get_rank() if distributed() else 0
 
 
 def _everywhere(ok: bool) -> bool:
     """True when ``ok`` holds on every rank (collective)."""
-    if not _distributed():
+    if not distributed():
         return ok
     flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     return bool(flag.item())
 
 
-def _agree_list(found: list[tuple[Path, Manifest]] | None) -> list[tuple[Path, Manifest]]:
-    """Rank 0's list of candidates, for every rank."""
-    if not _distributed():
-        return found or []
-    box: list[Any] = [found]
-    dist.broadcast_object_list(box, src=0)
-    return box[0] or []
-
-
-def _agree(found: tuple[Path, Manifest] | None) -> tuple[Path, Manifest] | None:
-    """Rank 0's choice, for every rank (ranks must not resume from different folders)."""
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-        return found
-    box: list[Any] = [found]
+def _from_rank0(value: T) -> T:
+    """Rank 0's ``value``, for every rank (ranks must not resume from different folders)."""
+    if not distributed():
+        return value
+    box: list[Any] = [value]
     dist.broadcast_object_list(box, src=0)
     return box[0]  # type: ignore[no-any-return]

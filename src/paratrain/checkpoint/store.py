@@ -83,7 +83,7 @@ def stems(name: str) -> tuple[str, str]:
     return f"model.{name}", f"optimizer.{name}"
 
 
-def _distributed() -> bool:
+def distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
@@ -117,7 +117,7 @@ class CheckpointStore:
         """Write and commit a checkpoint (collective). Returns its folder (None if skipped)."""
         self.wait()
         self._check_every_rank_called()
-        rank = dist.get_rank() if _distributed() else 0
+        rank = dist.get_rank() if distributed() else 0
         final, tmp = self._agree_on_folder(request.manifest.step)
         states = {
             name: st.collect(target, optimizers, full=not request.sharded)
@@ -132,7 +132,7 @@ class CheckpointStore:
                 self._start(lambda: self._write_replicated(request, tmp, final, states, rng))
             else:
                 self._write_replicated(request, tmp, final, states, rng)
-        if not background and _distributed():
+        if not background and distributed():
             dist.barrier()
         return final
 
@@ -152,7 +152,7 @@ class CheckpointStore:
         return staged
 
     def _check_every_rank_called(self) -> None:
-        if not _distributed():
+        if not distributed():
             return
         try:
             dist.monitored_barrier(
@@ -168,7 +168,7 @@ class CheckpointStore:
     def _agree_on_folder(self, step: int) -> tuple[Path, Path]:
         """(final folder, temporary folder) of a new save, chosen by rank 0 for every rank."""
         names: list[str | None] = [None, None]
-        if (dist.get_rank() if _distributed() else 0) == 0:
+        if (dist.get_rank() if distributed() else 0) == 0:
             self.directory.mkdir(parents=True, exist_ok=True)
             for stale in self.directory.glob(".tmp-*"):
                 shutil.rmtree(stale, ignore_errors=True)  # an interrupted save's leftovers
@@ -179,7 +179,7 @@ class CheckpointStore:
             tmp = self.directory / f".tmp-{final.name}-{os.getpid()}-{time.time_ns()}"
             tmp.mkdir()
             names = [str(final), str(tmp)]
-        if _distributed():
+        if distributed():
             dist.broadcast_object_list(names, src=0)
         assert names[0] is not None and names[1] is not None
         return Path(names[0]), Path(names[1])
@@ -223,16 +223,16 @@ class CheckpointStore:
         trainer = {**request.trainer, "rng": rng}
 
         def commit() -> None:
-            if (dist.get_rank() if _distributed() else 0) == 0:
+            if (dist.get_rank() if distributed() else 0) == 0:
                 self._commit(request.manifest, tmp, final, _records_of(tmp / "dcp", tmp), trainer)
 
         if not background:
             dcp_save(state, storage_writer=writer)
-            if _distributed():
+            if distributed():
                 dist.barrier()
             commit()
             return
-        if _distributed() and self._async_group is None:
+        if distributed() and self._async_group is None:
             self._async_group = dist.new_group(backend="gloo")  # async collectives need their own
         future: Any = async_save(state, storage_writer=writer, process_group=self._async_group)
 
@@ -423,7 +423,7 @@ def _records_of(root: Path, base: Path) -> dict[str, tuple[int, int]]:
 
 
 def _gather_rng(local: Any) -> list[Any]:
-    if not _distributed():
+    if not distributed():
         return [local]
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, local)
