@@ -451,3 +451,12 @@ def test_range_epoch_loop_with_end_of_epoch_saves_resumes_exactly(
     rest, resumed = _range_run(tmp_path / "b", stop=None, resume=True)
     assert first + rest == straight and len(straight) == 8
     assert max_abs_diff(resumed, weights) == 0.0
+
+
+def test_a_parameter_in_two_optimizers_is_refused_at_setup() -> None:
+    model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 1))
+    everything = torch.optim.Adam(model.parameters())
+    head = torch.optim.Adam(model[1].parameters())
+    needle = r"'1\.weight' is in optimizer 1 and optimizer 2"
+    with pt.Run(strategy="cpu") as run, pytest.raises(pt.ModelError, match=needle):
+        run.setup(model, everything, head)

@@ -89,6 +89,23 @@ def model_devices(model: nn.Module) -> set[torch.device]:
     return {t.device for t in tensors}
 
 
+def check_disjoint(optimizers: tuple[Optimizer, ...], names: dict[int, str]) -> None:
+    """Refuse a parameter given to two optimizers: checkpoints key optimizer state by parameter
+    name, so the two states would collide on save and resume."""
+    owner: dict[int, int] = {}
+    for index, optimizer in enumerate(optimizers):
+        for group in getattr(optimizer, "param_groups", []):  # a non-optimizer is named later
+            for p in group["params"]:
+                first = owner.setdefault(id(p), index)
+                if first != index:
+                    raise ModelError(
+                        f"Parameter {names.get(id(p), '(unnamed)')!r} is in optimizer {first + 1} "
+                        f"and optimizer {index + 1}. Each step would update it twice, and their "
+                        "states cannot both be saved under its name. Give every parameter to one "
+                        "optimizer, e.g. opt2 over model.head.parameters() and opt1 over the rest."
+                    )
+
+
 def rebind_optimizer(
     optimizer: Optimizer, names: dict[int, str], params: dict[str, nn.Parameter]
 ) -> None:

@@ -44,7 +44,7 @@ from paratrain.config import RunConfig
 from paratrain.errors import ConfigError
 from paratrain.job import Job
 from paratrain.loop_state import LoopState
-from paratrain.model_setup import prepare_model, rebind_optimizer
+from paratrain.model_setup import check_disjoint, prepare_model, rebind_optimizer
 from paratrain.run_checkpoints import RunCheckpoints, RunParts
 from paratrain.run_loop import LoopHooks
 from paratrain.seeding import rank_seed, seed_everything
@@ -177,6 +177,7 @@ class Run(Job):
         Returns the model, or ``(model, optimizer, ...)`` when optimizers are given. ``name``
         keys the model in checkpoints (default ``model``, ``model_1``, ... in setup order)."""
         names = {id(p): n for n, p in model.named_parameters()}
+        check_disjoint(optimizers, names)
         wrapped = prepare_model(
             model, self.strategy, self.precision, self.config.activation_checkpointing
         )

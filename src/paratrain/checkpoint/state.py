@@ -86,7 +86,7 @@ def _load_optimizers_by_name(
     does). Returns False, loading nothing, when a name or group does not match: the caller then
     takes torch's general path.
     """
-    names = {id(p): n for n, p in target.named_parameters(remove_duplicate=False)}
+    names = {id(p): n for n, p in target.named_parameters()}  # a tied one by its first name
     saved_groups = optim_sd.get("param_groups")
     saved_state = optim_sd.get("state", {})
     if not isinstance(saved_groups, list) or not isinstance(saved_state, dict):

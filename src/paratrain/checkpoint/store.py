@@ -381,6 +381,8 @@ class Staged:
     """A checkpoint whose files were read once and verified (see :meth:`CheckpointStore.read`).
 
     The optimizer state it hands out are views of its buffers, kept by the optimizer: no copy.
+    Each view keeps its whole file's buffer alive (until the optimizer's state is replaced), and
+    ``torch.save`` of one such tensor alone writes that buffer: ``.clone()`` it first.
     """
 
     folder: Path
