@@ -1,27 +1,33 @@
-"""Checkpoint I/O of a full training state against raw I/O of the same bytes, in one run.
+"""Checkpoint I/O of a full training state against raw I/O and its peers, in one run.
 
-    python benchmarks/checkpoint_io.py                 # 512 MiB state, 5 interleaved repeats
-    python benchmarks/checkpoint_io.py --mib 128 --repeats 3
+    python benchmarks/checkpoint_io.py                  # 512 MiB state, 7 repeats, + FSDP x2
+    python benchmarks/checkpoint_io.py --mib 128 --repeats 3 --fsdp-mib 0
 
 The state: fp32 1024x1024 weights plus their SGD momentum buffers (half the bytes each). Each
-repeat runs every contender once, in turn, so drifts of the machine hit all of them alike; the
-table shows medians as ratios against raw I/O of the same bytes (higher is better):
+repeat runs the contenders of a phase (writes; hot reads; cold reads) back to back, starting at
+a rotating position, each after ``os.sync()``. A figure is the ratio raw ÷ contender within one
+repeat (higher is better); the table shows the median of those ratios and their min–max:
 
-- save: raw write + fsync of one file ÷ ``run.save()`` (checksums, manifest, atomic commit and
-  directory fsyncs included); ``torch.save`` of ``{model, optim}`` + fsync beside it.
+- save: raw write + fsync of one file (one thread writes everything, then fsyncs) ÷
+  ``run.save()`` (checksums, manifest, atomic commit and directory fsyncs included);
+  ``torch.save`` of ``{model, optim}`` + fsync and ``accelerate`` ``save_state`` beside it.
 - resume, hot (page cache warm) and cold (pages evicted with ``posix_fadvise(DONTNEED)``): raw
   read of the file into a fresh buffer ÷ ``run.resume()`` into a fresh model and optimizer
-  (every byte verified); ``torch.load`` + ``load_state_dict`` beside it. Every contender touches
-  every page it loads.
+  (every byte verified); ``torch.load`` + ``load_state_dict`` and ``accelerate``
+  ``load_state`` beside it. Every contender touches every page it loads.
 - async stall: the time ``run.save()`` blocks with ``async_save=True`` ÷ one memory copy of the
-  state into existing buffers (lower is better).
-- ``accelerate`` ``save_state``/``load_state`` join the table when it is installed.
+  state into existing (already touched) buffers (lower is better).
+- FSDP on 2 gloo ranks: ``dcp.save``/``dcp.load`` of the same model's state dict (from
+  ``get_state_dict``) ÷ ``run.save()``/``run.resume()``, the slower rank's time counting.
+
+``accelerate`` joins the table when it is installed (``pip install paratrain[bench]``).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import io
 import os
 import shutil
@@ -30,12 +36,12 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
 import paratrain as pt
-from paratrain.checkpoint.files import write_durable
 
 WIDTH = 1024
 
@@ -66,6 +72,7 @@ def _state_tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[t
 
 
 def _timed(fn: Callable[[], object]) -> float:
+    os.sync()  # nothing left dirty by the previous contender writes back during this one
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
@@ -79,6 +86,27 @@ def _evict(root: Path) -> None:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
+
+
+def _copy_time(tensors: list[torch.Tensor]) -> float:
+    """One memory copy of the state into buffers whose pages exist (as kept buffers' do)."""
+    buffers = [torch.empty_like(t) for t in tensors]
+
+    def copy() -> None:
+        for b, t in zip(buffers, tensors, strict=True):
+            b.copy_(t)
+
+    copy()
+    return _timed(copy)
+
+
+def _raw_write(path: Path, tensors: list[torch.Tensor]) -> None:
+    """The plain way: one file, one thread, write everything, then fsync."""
+    with path.open("xb") as f:
+        for t in tensors:
+            f.write(t.reshape(-1).view(torch.uint8).numpy().data)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _raw_read(path: Path) -> None:
@@ -96,7 +124,7 @@ def _quiet() -> Iterator[None]:
         yield
 
 
-def _accelerate() -> object | None:
+def _accelerate() -> Any:
     try:
         from accelerate import Accelerator
     except ImportError:
@@ -104,44 +132,49 @@ def _accelerate() -> object | None:
     return Accelerator
 
 
-def _round(mib: int, work: Path) -> dict[str, float]:
+def _phase(contenders: dict[str, Callable[[], float]], shift: int) -> dict[str, float]:
+    """Run each contender once, back to back, starting at a rotating position (no one is
+    always first after a pause, or always last)."""
+    names = list(contenders)
+    order = names[shift % len(names) :] + names[: shift % len(names)]
+    return {name: contenders[name]() for name in order}
+
+
+def _round(mib: int, work: Path, shift: int) -> dict[str, float]:
     model, optimizer = _trained(mib)
     tensors = _state_tensors(model, optimizer)
-    out: dict[str, float] = {}
-    raw = work / "raw.bin"
-    out["raw_write"] = _timed(
-        lambda: write_durable(raw, [t.reshape(-1).view(torch.uint8).numpy().data for t in tensors])
-    )
-    out["raw_read_hot"] = _timed(lambda: _raw_read(raw))
-    _evict(raw)
-    out["raw_read_cold"] = _timed(lambda: _raw_read(raw))
+    raw, ckpt, pt_file = work / "raw.bin", work / "ckpt", work / "state.pt"
 
     def torch_save() -> None:
-        with (work / "state.pt").open("wb") as f:
+        with pt_file.open("wb") as f:
             torch.save({"model": model.state_dict(), "optim": optimizer.state_dict()}, f)
             f.flush()
             os.fsync(f.fileno())
 
-    out["torch_save"] = _timed(torch_save)
+    def save() -> float:
+        with _quiet(), pt.Run(strategy="cpu", ckpt_dir=ckpt, keep_last=None, progress=False) as run:
+            run.setup(model, optimizer)
+            return _timed(run.save)
+
+    writes = {
+        "raw_write": lambda: _timed(lambda: _raw_write(raw, tensors)),
+        "save": save,
+        "torch_save": lambda: _timed(torch_save),
+    }
+    accelerator_cls = _accelerate()
+    if accelerator_cls is not None:
+        writes["acc_save"] = lambda: _accelerate_save(accelerator_cls, model, optimizer, work)
+    out = _phase(writes, shift)
 
     def torch_load() -> float:
         target, opt = _fresh(mib)  # built before the clock starts, as for every contender
 
         def load() -> None:
-            state = torch.load(work / "state.pt", weights_only=True)
+            state = torch.load(pt_file, weights_only=True)
             target.load_state_dict(state["model"])
             opt.load_state_dict(state["optim"])
 
         return _timed(load)
-
-    out["torch_load_hot"] = torch_load()
-    _evict(work / "state.pt")
-    out["torch_load_cold"] = torch_load()
-
-    ckpt = work / "ckpt"
-    with _quiet(), pt.Run(strategy="cpu", ckpt_dir=ckpt, keep_last=None, progress=False) as run:
-        run.setup(model, optimizer)
-        out["save"] = _timed(run.save)
 
     def resume() -> float:
         target, opt = _fresh(mib)
@@ -149,12 +182,24 @@ def _round(mib: int, work: Path) -> dict[str, float]:
             run.setup(target, opt)
             return _timed(lambda: run.resume())
 
-    out["resume_hot"] = resume()
-    _evict(ckpt)
-    out["resume_cold"] = resume()
+    reads = {
+        "raw_read": lambda: _timed(lambda: _raw_read(raw)),
+        "resume": resume,
+        "torch_load": torch_load,
+    }
+    if accelerator_cls is not None:
+        reads["acc_load"] = lambda: _accelerate_load(accelerator_cls, mib, work)
+    for temperature in ("hot", "cold"):
+        cold = temperature == "cold"
+        timed = {
+            name: (lambda fn=fn: (_evict(work), fn())[1]) if cold else fn  # type: ignore[misc]
+            for name, fn in reads.items()
+        }
+        if not cold:
+            _raw_read(raw)  # every file was just written: the page cache holds it
+        out.update({f"{k}_{temperature}": v for k, v in _phase(timed, shift).items()})
 
-    buffers = [torch.empty_like(t) for t in tensors]
-    out["copy"] = _timed(lambda: [b.copy_(t) for b, t in zip(buffers, tensors, strict=True)])
+    out["copy"] = _copy_time(tensors)
     with (
         _quiet(),
         pt.Run(
@@ -167,40 +212,103 @@ def _round(mib: int, work: Path) -> dict[str, float]:
         run.global_step += 1
         out["async_stall"] = _timed(run.save)
         run.store.wait()
-
-    accelerator_cls = _accelerate()
-    if accelerator_cls is not None:
-        out.update(_accelerate_round(accelerator_cls, mib, *_trained(mib), work))
-    shutil.rmtree(work / "async", ignore_errors=True)
     return out
 
 
-def _accelerate_round(
-    accelerator_cls: object,
-    mib: int,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    work: Path,
-) -> dict[str, float]:
-    out: dict[str, float] = {}
+def _accelerate_save(
+    accelerator_cls: Any, model: nn.Module, optimizer: torch.optim.Optimizer, work: Path
+) -> float:
     with _quiet():
-        acc = accelerator_cls(cpu=True)  # type: ignore[operator]
+        acc = accelerator_cls(cpu=True)
         acc.prepare(model, optimizer)
-        out["acc_save"] = _timed(lambda: acc.save_state(str(work / "acc")))
+        took = _timed(lambda: acc.save_state(str(work / "acc")))
+        acc.free_memory()
+    return took
+
+
+def _accelerate_load(accelerator_cls: Any, mib: int, work: Path) -> float:
+    with _quiet():
         target, opt = _fresh(mib)
-        acc2 = accelerator_cls(cpu=True)  # type: ignore[operator]
-        acc2.prepare(target, opt)
-        out["acc_load_hot"] = _timed(lambda: acc2.load_state(str(work / "acc")))
-        _evict(work / "acc")
-        out["acc_load_cold"] = _timed(lambda: acc2.load_state(str(work / "acc")))
+        acc = accelerator_cls(cpu=True)
+        acc.prepare(target, opt)
+        took = _timed(lambda: acc.load_state(str(work / "acc")))
+        acc.free_memory()
+    return took
+
+
+def _fsdp_rank(mib: int, root: str, repeats: int) -> list[dict[str, float]]:
+    """One rank of the FSDP comparison: paratrain vs plain DCP on the same sharded state."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    def build() -> tuple[pt.Run, nn.Module, torch.optim.Optimizer]:
+        run = pt.Run(strategy="fsdp", ckpt_dir=Path(root) / "pt", keep_last=1, progress=False)
+        net = _model(mib)
+        model, opt = run.setup(net, torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9))
+        with run.accumulate(model):
+            run.backward(model(torch.ones(2, WIDTH)).sum())
+        run.step(opt)  # momentum buffers exist
+        return run, model, opt
+
+    def timed(fn: Callable[[], object], cold: bool = False) -> float:
+        if cold:
+            _evict(Path(root))
+        os.sync()
+        dist.barrier()
+        took = torch.tensor([_timed(fn)], dtype=torch.float64)
+        dist.all_reduce(took, op=dist.ReduceOp.MAX)  # the slower rank sets the pace
+        return float(took.item())
+
+    out = []
+    with _quiet():
+        run, model, opt = build()
+        for r in range(repeats):
+            ref = Path(root) / f"dcp{r}"
+
+            def dcp_save(ref: Path = ref) -> None:
+                msd, osd = get_state_dict(model, opt)
+                dcp.save({"model": msd, "optim": osd}, checkpoint_id=ref)
+
+            def dcp_load(ref: Path = ref) -> None:
+                msd, osd = get_state_dict(model, opt)
+                dcp.load({"model": msd, "optim": osd}, checkpoint_id=ref)
+                set_state_dict(model, opt, model_state_dict=msd, optim_state_dict=osd)
+
+            def resume_time(cold: bool) -> float:
+                again, _, _ = build()  # built before the clock starts
+                with again:
+                    return timed(lambda: again.resume(), cold)
+
+            writes = {
+                "dcp_save": lambda: timed(dcp_save),
+                "fsdp_save": lambda: timed(lambda: (run.save(), None)),
+            }
+            row = _phase(writes, r)
+            for cold in (False, True):
+                suffix = "cold" if cold else "hot"
+                reads = {
+                    f"dcp_load_{suffix}": lambda cold=cold: timed(dcp_load, cold),  # type: ignore[misc]
+                    f"fsdp_resume_{suffix}": lambda cold=cold: resume_time(cold),  # type: ignore[misc]
+                }
+                row.update(_phase(reads, r))
+            run.global_step += 1
+            out.append(row)
+            if dist.get_rank() == 0:
+                shutil.rmtree(ref, ignore_errors=True)
+            dist.barrier()
+        run.close()
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mib", type=int, default=512, help="state size (weights + momentum)")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--dir", type=Path, default=None, help="where to write (default: tmp)")
+    parser.add_argument(
+        "--fsdp-mib", type=int, default=256, help="FSDP state on 2 ranks (0: skip that part)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     rounds = []
@@ -208,15 +316,16 @@ def main() -> None:
         for r in range(args.repeats):
             work = Path(tmp) / f"r{r}"
             work.mkdir()
-            rounds.append(_round(args.mib, work))
+            rounds.append(_round(args.mib, work, r))
             shutil.rmtree(work)
+            gc.collect()
     t = {k: statistics.median(x[k] for x in rounds) for k in rounds[0]}
-    spread = {k: (min(x[k] for x in rounds), max(x[k] for x in rounds)) for k in rounds[0]}
     print(
-        f"state: {args.mib} MiB (fp32 {WIDTH}x{WIDTH} weights + SGD momentum), median of "
-        f"{args.repeats} interleaved repeats, torch {torch.__version__}"
+        f"state: {args.mib} MiB (fp32 {WIDTH}x{WIDTH} weights + SGD momentum), "
+        f"{args.repeats} interleaved repeats, torch {torch.__version__}; ratio = raw ÷ "
+        "contender in the same repeat (higher is better): median and min–max over repeats"
     )
-    print("| operation | median s | min–max s | ÷ raw (higher is better) |")
+    print("| operation | median s | ratio to raw | ratio min–max |")
     print("|---|---:|---:|---:|")
     rows = [
         ("raw_write", "raw write + fsync", "raw_write"),
@@ -234,14 +343,47 @@ def main() -> None:
     ]
     for key, label, ref in rows:
         if key in t:
-            low, high = spread[key]
-            print(f"| {label} | {t[key]:.3f} | {low:.3f}–{high:.3f} | {t[ref] / t[key]:.2f} |")
+            ratios = [x[ref] / x[key] for x in rounds]
+            print(
+                f"| {label} | {t[key]:.3f} | {statistics.median(ratios):.2f} | "
+                f"{min(ratios):.2f}–{max(ratios):.2f} |"
+            )
     if "acc_save" not in t:
         print("(accelerate is not installed: `pip install accelerate` adds it to the table)")
+    stalls = [x["async_stall"] / x["copy"] for x in rounds]
     print(
-        f"\nasync_save stall {t['async_stall']:.3f} s ÷ one memory copy of the state "
-        f"{t['copy']:.3f} s = {t['async_stall'] / t['copy']:.2f} (target <= 1.2)"
+        f"\nasync_save stall {t['async_stall']:.3f} s, one memory copy of the state "
+        f"{t['copy']:.3f} s: stall ÷ copy {statistics.median(stalls):.2f} "
+        f"(min–max {min(stalls):.2f}–{max(stalls):.2f}; target <= 1.2)"
     )
+    if args.fsdp_mib > 0:
+        _fsdp_table(args.fsdp_mib, args.repeats, args.dir)
+
+
+def _fsdp_table(mib: int, repeats: int, where: Path | None) -> None:
+    from paratrain.launcher.ranks import FileGroup, spawn_ranks
+
+    with tempfile.TemporaryDirectory(dir=where) as tmp:
+        rounds = spawn_ranks(
+            _fsdp_rank, 2, (mib, tmp, repeats), group=FileGroup(timeout_s=600), threads=1
+        )[0]
+    print(
+        f"\nFSDP, 2 gloo ranks, {mib} MiB state, {repeats} repeats: ratio = dcp ÷ paratrain "
+        "in the same repeat (higher is better; the slower rank's time counts)"
+    )
+    print("| operation | paratrain median s | dcp median s | ratio | ratio min–max |")
+    print("|---|---:|---:|---:|---:|")
+    for ours, ref, label in (
+        ("fsdp_save", "dcp_save", "save ÷ dcp.save"),
+        ("fsdp_resume_hot", "dcp_load_hot", "resume ÷ dcp.load, hot"),
+        ("fsdp_resume_cold", "dcp_load_cold", "resume ÷ dcp.load, cold"),
+    ):
+        ratios = [x[ref] / x[ours] for x in rounds]
+        print(
+            f"| {label} | {statistics.median(x[ours] for x in rounds):.3f} | "
+            f"{statistics.median(x[ref] for x in rounds):.3f} | {statistics.median(ratios):.2f} | "
+            f"{min(ratios):.2f}–{max(ratios):.2f} |"
+        )
 
 
 if __name__ == "__main__":

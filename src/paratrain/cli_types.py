@@ -42,6 +42,22 @@ def int_in(low: int, high: int) -> Callable[[str], int]:
     return parse
 
 
+def float_in(low: float, high: float) -> Callable[[str], float]:
+    """A finite number from ``low`` to ``high``; ``type=float_in(0.001, 1.0)``."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not (math.isfinite(value) and low <= value <= high):
+            raise argparse.ArgumentTypeError(f"{text} must be a number from {low:g} to {high:g}")
+        return value
+
+    parse.__name__ = f"float_in_{low:g}_{high:g}"
+    return parse
+
+
 def non_negative_int(text: str) -> int:
     """A whole number >= 0."""
     value = _int(text)

@@ -26,3 +26,7 @@ class ModelError(ParatrainError, ValueError):
 
 class CheckpointError(ParatrainError, RuntimeError):
     """A checkpoint cannot be read, trusted or matched to the model; the message says which."""
+
+
+class CheckpointDamagedError(CheckpointError):
+    """A checkpoint file is missing, resized, corrupted or unreadable (an older one may serve)."""

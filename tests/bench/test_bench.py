@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
 import torch
 
 from paratrain.bench.models import MODELS, build_spec
+from paratrain.bench.report import markdown_table
 from paratrain.bench.runner import make_plan
 from paratrain.cli import main
 from tests.support.images import png_size
@@ -68,6 +70,8 @@ def test_bench_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
             "1",
             "--rounds",
             "2",
+            "--budget",
+            "3",
             "--batch-size",
             "8",
             "--run-dir",
@@ -105,9 +109,10 @@ def test_loader_data_and_profile_in_one_process(tmp_path: Path) -> None:
     from paratrain.bench.profile import profile_one
 
     margs = {"name": "mlp", "width": 16, "depth": 1}
-    settings = Settings(batch_size=4, steps=3, warmup=1, rounds=2, data="loader")
+    settings = Settings(batch_size=4, steps=3, warmup=1, rounds=2, data="loader", budget_s=2)
     stats = measure_config(build_spec(**margs), Config("cpu", "fp32", 1), settings)
     assert stats["samples_per_s"] > 0 and stats["reference_samples_per_s"] > 0
+    assert stats["ratio_low"] <= stats["overhead_ratio"] <= stats["ratio_high"]
     trace_dir = profile_one("cpu", "fp32", margs, settings, tmp_path)
     traces = list(trace_dir.glob("*.pt.trace.json"))
     assert traces and json.loads(traces[0].read_text())["traceEvents"]
@@ -136,3 +141,29 @@ def test_sizes_are_checked_before_any_rank_starts(
         main(["bench", *args, "--nproc", "1", "--steps", "1", "--rounds", "1"])
     err = capsys.readouterr().err.replace("\n", " ")
     assert info.value.code == 2 and needle in err and "Traceback" not in err
+
+
+def test_pairs_are_added_until_the_interval_is_tight_or_the_budget_is_spent() -> None:
+    from paratrain.bench.measure import Config, Settings, measure_config
+
+    spec = build_spec(name="mlp", width=16, depth=1)
+    loose = Settings(batch_size=4, steps=2, warmup=1, rounds=5, data="synthetic", spread=100.0)
+    stats = measure_config(spec, Config("cpu", "fp32", 1), loose)
+    assert stats["pairs"] == 5 and not stats["noisy"]  # any interval is within ±10000 %
+    strict = Settings(
+        batch_size=4, steps=2, warmup=1, rounds=2, data="synthetic", spread=1e-9, budget_s=1.0
+    )
+    stats = measure_config(spec, Config("cpu", "fp32", 1), strict)
+    assert stats["noisy"] and stats["pairs"] > 2  # it kept adding pairs, then said so
+    row = {"strategy": "cpu", "precision": "fp32", "nproc": 1, **stats}
+    assert "too noisy" in markdown_table([row])
+
+
+def test_the_median_interval_is_seeded_and_brackets_the_median() -> None:
+    from paratrain.bench.measure import median_interval
+
+    ratios = [0.97, 1.0, 1.01, 0.99, 1.02, 1.0, 0.98, 1.03]
+    low, high = median_interval(ratios)
+    assert (low, high) == median_interval(ratios)  # every rank computes the same
+    assert low <= statistics.median(ratios) <= high and high - low < 0.06
+    assert median_interval([1.0] * 6) == (1.0, 1.0)

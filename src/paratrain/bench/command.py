@@ -20,7 +20,7 @@ from paratrain.bench import report
 from paratrain.bench.measure import Settings
 from paratrain.bench.models import build_spec, check_model
 from paratrain.bench.runner import make_plan, run_plan
-from paratrain.cli_types import int_in, int_list
+from paratrain.cli_types import float_in, int_in, int_list
 from paratrain.config import PRECISIONS
 from paratrain.doctor.peaks import Peak, bf16_peak
 from paratrain.errors import ConfigError
@@ -49,10 +49,25 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--nproc", type=int_list, default=None, help="comma list of rank counts (default 1,2)"
     )
     p.add_argument("--batch-size", type=int_in(1, 2**16), default=32, help="per-rank batch")
-    p.add_argument("--steps", type=int_in(1, 10**6), default=50)
+    p.add_argument("--steps", type=int_in(1, 10**6), default=20, help="steps per timed block")
     p.add_argument("--warmup", type=int_in(0, 10**6), default=10)
     p.add_argument(
-        "--rounds", type=int_in(1, 1000), default=3, help="alternating paratrain/reference runs"
+        "--rounds",
+        type=int_in(1, 1000),
+        default=8,
+        help="fewest pairs of paratrain/reference blocks (more until --spread is reached)",
+    )
+    p.add_argument(
+        "--spread",
+        type=float_in(0.001, 1.0),
+        default=0.03,
+        help="wanted half-width of the ratio's 95%% interval (0.03: ±3%%)",
+    )
+    p.add_argument(
+        "--budget",
+        type=float_in(1.0, 86400.0),
+        default=60.0,
+        help="seconds per configuration before the result is marked too noisy",
     )
     p.add_argument("--data", choices=("synthetic", "loader"), default="synthetic")
     p.add_argument("--run-dir", type=Path, default=None)
@@ -119,6 +134,8 @@ def run_bench(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         rounds=args.rounds,
         data=args.data,
+        budget_s=args.budget,
+        spread=args.spread,
     )
     run_dir = args.run_dir or Path("runs/bench") / time.strftime("%Y%m%d-%H%M%S")
     make_folder(run_dir, "--run-dir")

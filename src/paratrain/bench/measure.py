@@ -4,8 +4,11 @@
 
 The reference is the tutorials' template written out by hand for each strategy (a plain loop,
 ``nn.DataParallel``, ``DistributedDataParallel``, ``fully_shard``), with ``torch.autocast`` and a
-``GradScaler`` for reduced precision. Both loops run alternately for ``rounds`` rounds so slow
-drifts in machine load cancel in their ratio.
+``GradScaler`` for reduced precision. Both loops live in the same process (same model init, same
+data) and run in alternating blocks of ``steps`` steps, the order swapped every pair; each pair
+of blocks gives one ratio, so the machine's drifts hit both sides of it alike. Pairs are added
+until the bootstrap 95 % interval of the median ratio is within ``±spread`` of it (at least
+``rounds`` pairs), or until ``budget_s`` is spent: then the result is marked noisy.
 """
 
 from __future__ import annotations
@@ -13,9 +16,10 @@ from __future__ import annotations
 import contextlib
 import io
 import itertools
+import random
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +54,20 @@ class Settings:
     rounds: int
     data: str
     """``synthetic`` (one batch kept on the device) or ``loader`` (a DataLoader every step)."""
+    budget_s: float = 60.0
+    """Seconds of paired blocks per configuration before giving up on ``spread``."""
+    spread: float = 0.03
+    """Wanted half-width of the median ratio's 95 % interval, relative to the median."""
+
+
+@dataclass
+class Loop:
+    """A ready training loop: ``step(x, y)`` on the next of ``batches``."""
+
+    step: Callable[[Any, torch.Tensor], None]
+    batches: Iterator[tuple[Any, torch.Tensor]]
+    device: torch.device
+    close: Callable[[], None]
 
 
 def _device() -> torch.device:
@@ -88,11 +106,12 @@ def _dataset(spec: ModelSpec, settings: Settings) -> TensorDataset:
     return TensorDataset(x, y)
 
 
-def paratrain_loop(spec: ModelSpec, config: Config, settings: Settings) -> list[float]:
-    """Per-step seconds of the paratrain loop (after warmup)."""
+def paratrain_loop(spec: ModelSpec, config: Config, settings: Settings) -> Loop:
+    """The paratrain loop for ``config``, set up and ready to step."""
     with contextlib.redirect_stdout(io.StringIO()):
         run = pt.Run(strategy=config.strategy, precision=config.precision, progress=False)
     try:
+        torch.manual_seed(0)
         model = spec.build()
         model, optimizer = run.setup(
             model, torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
@@ -101,15 +120,15 @@ def paratrain_loop(spec: ModelSpec, config: Config, settings: Settings) -> list[
         if settings.data == "loader":
             with contextlib.redirect_stdout(io.StringIO()):
                 loader = run.loader(_dataset(spec, settings), batch_size=settings.batch_size)
-        batches = _batches(spec, settings, run.device, loader, run.epochs(2**62))
-        return _timed_steps(
-            settings,
-            run.device,
-            batches,
-            lambda x, y: _paratrain_step(run, model, optimizer, spec, x, y),
-        )
-    finally:
+    except BaseException:
         run.close()
+        raise
+    return Loop(
+        step=lambda x, y: _paratrain_step(run, model, optimizer, spec, x, y),
+        batches=_batches(spec, settings, run.device, loader, run.epochs(2**62)),
+        device=run.device,
+        close=run.close,
+    )
 
 
 def _paratrain_step(
@@ -125,8 +144,8 @@ def _paratrain_step(
     run.step(optimizer)
 
 
-def reference_loop(spec: ModelSpec, config: Config, settings: Settings) -> list[float]:
-    """Per-step seconds of the hand-written loop for the same strategy and precision."""
+def reference_loop(spec: ModelSpec, config: Config, settings: Settings) -> Loop:
+    """The hand-written loop for the same strategy and precision, ready to step."""
     device = _device()
     torch.manual_seed(0)
     model: nn.Module = spec.build().to(device)
@@ -170,53 +189,91 @@ def reference_loop(spec: ModelSpec, config: Config, settings: Settings) -> list[
             loss.backward()  # type: ignore[no-untyped-call]
             optimizer.step()
 
-    return _timed_steps(settings, device, _batches(spec, settings, device, loader), step)
+    return Loop(step, _batches(spec, settings, device, loader), device, lambda: None)
 
 
-def _timed_steps(
-    settings: Settings, device: torch.device, batches: Iterator[tuple[Any, torch.Tensor]], step: Any
-) -> list[float]:
+def _timed_steps(loop: Loop, steps: int) -> list[float]:
     times = []
-    for i in range(settings.warmup + settings.steps):
-        if i == settings.warmup:
-            reset_peak_memory(device)
+    for _ in range(steps):
         start = time.perf_counter()
-        x, y = next(batches)
-        step(x, y)
-        _sync(device)
-        if i >= settings.warmup:
-            times.append(time.perf_counter() - start)
+        x, y = next(loop.batches)
+        loop.step(x, y)
+        _sync(loop.device)
+        times.append(time.perf_counter() - start)
     return times
 
 
+def _agreed(values: list[float]) -> list[float]:
+    """``values``, each the maximum over ranks (every rank then decides alike)."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return values
+    box = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(box, op=dist.ReduceOp.MAX)
+    return [float(v) for v in box.tolist()]
+
+
+def median_interval(ratios: list[float], *, resamples: int = 2000) -> tuple[float, float]:
+    """Bootstrap 95 % interval of the median of ``ratios`` (seeded: the same on every rank)."""
+    rng = random.Random(0)
+    medians = sorted(
+        statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(resamples)
+    )
+    return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
+
+
 def measure_config(spec: ModelSpec, config: Config, settings: Settings) -> dict[str, Any]:
-    """Both loops, alternating, ``rounds`` times; throughput, step-time quantiles, memory."""
+    """Paired blocks of both loops until the ratio is known to ``±spread``; throughput,
+    step-time quantiles, memory, the median ratio with its interval, and a noisy flag."""
     device = _device()
-    ours: list[list[float]] = []
-    refs: list[list[float]] = []
-    memory = 0.0
-    for r in range(settings.rounds):
-        order = [("ours", paratrain_loop), ("ref", reference_loop)]
-        for name, loop in order if r % 2 == 0 else order[::-1]:
-            times = loop(spec, config, settings)
-            if name == "ours":
-                ours.append(times)
-                memory = max(memory, peak_memory_mb(device))
-            else:
-                refs.append(times)
+    reset_peak_memory(device)
+    ours = paratrain_loop(spec, config, settings)
+    try:
+        _timed_steps(ours, settings.warmup)
+        memory = peak_memory_mb(device)  # paratrain's loop alone, before the reference exists
+        ref = reference_loop(spec, config, settings)
+        _timed_steps(ref, settings.warmup)
+        pairs: list[tuple[float, float]] = []
+        step_times: list[float] = []
+        start = time.perf_counter()
+        noisy = False
+        while True:
+            first, second = (ours, ref) if len(pairs) % 2 == 0 else (ref, ours)
+            a = _timed_steps(first, settings.steps)
+            b = _timed_steps(second, settings.steps)
+            mine, theirs = (a, b) if first is ours else (b, a)
+            step_times += mine
+            t_ours, t_ref, elapsed = _agreed([sum(mine), sum(theirs), time.perf_counter() - start])
+            pairs.append((t_ours, t_ref))
+            if len(pairs) < max(2, settings.rounds):
+                continue
+            ratios = [r / o for o, r in pairs]
+            low, high = median_interval(ratios)
+            if (high - low) / 2 <= settings.spread * statistics.median(ratios):
+                break
+            if elapsed >= settings.budget_s or len(pairs) >= _MAX_PAIRS:
+                noisy = True
+                break
+    finally:
+        ours.close()
     world = dist.get_world_size() if dist.is_initialized() else 1
-    per_step = settings.batch_size * world
-    all_ours = sorted(t for times in ours for t in times)
-    ratios = [sum(b) / sum(a) for a, b in zip(ours, refs, strict=True)]
+    per_step = settings.batch_size * world * settings.steps
+    step_times.sort()
     memories = [memory]
     if dist.is_initialized() and world > 1:
         memories = [0.0] * world
         dist.all_gather_object(memories, memory)
     return {
-        "samples_per_s": statistics.median(per_step * len(t) / sum(t) for t in ours),
-        "reference_samples_per_s": statistics.median(per_step * len(t) / sum(t) for t in refs),
+        "samples_per_s": statistics.median(per_step / o for o, _ in pairs),
+        "reference_samples_per_s": statistics.median(per_step / r for _, r in pairs),
         "overhead_ratio": statistics.median(ratios),
-        "step_ms_p50": 1000 * all_ours[len(all_ours) // 2],
-        "step_ms_p90": 1000 * all_ours[min(len(all_ours) - 1, int(len(all_ours) * 0.9))],
+        "ratio_low": low,
+        "ratio_high": high,
+        "pairs": len(pairs),
+        "noisy": noisy,
+        "step_ms_p50": 1000 * step_times[len(step_times) // 2],
+        "step_ms_p90": 1000 * step_times[min(len(step_times) - 1, int(len(step_times) * 0.9))],
         "peak_memory_mb": memories,
     }
+
+
+_MAX_PAIRS = 400

@@ -23,7 +23,7 @@ COLUMNS = (
     "peak mem/rank MB",
     "scaling eff.",
     "reference samples/s",
-    "paratrain/reference",
+    "paratrain/reference (95% interval)",
 )
 
 
@@ -41,8 +41,18 @@ def _cells(row: dict[str, Any]) -> list[str]:
         f"{max(row['peak_memory_mb']):.0f}",
         "-" if eff is None else f"{eff:.2f}",
         f"{row['reference_samples_per_s']:.1f}",
-        f"{row['overhead_ratio']:.3f}",
+        _ratio(row),
     ]
+
+
+def _ratio(row: dict[str, Any]) -> str:
+    """The median paired ratio with its 95 % interval, flagged when the machine was too noisy."""
+    text = f"{row['overhead_ratio']:.3f}"
+    if "ratio_low" in row:
+        text += f" ({row['ratio_low']:.3f}–{row['ratio_high']:.3f})"
+    if row.get("noisy"):
+        text += " too noisy"
+    return text
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:

@@ -13,20 +13,29 @@ folder; :class:`SafePlanner` loads values with ``weights_only=True``.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
+import os
 import pickle
 import warnings
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import IO, Any, TypeGuard, cast
 
 import psutil
 import torch
 import torch.distributed.checkpoint.metadata as dcp_metadata
+from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.filesystem import FileSystemReader, _StorageInfo
+from torch.distributed.checkpoint.filesystem import (
+    FileSystem,
+    FileSystemReader,
+    FileSystemWriter,
+    _StorageInfo,
+)
 from torch.distributed.checkpoint.metadata import (
     BytesStorageMetadata,
     Metadata,
@@ -35,11 +44,13 @@ from torch.distributed.checkpoint.metadata import (
     TensorProperties,
     TensorStorageMetadata,
 )
-from torch.distributed.checkpoint.planner import ReadItem
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.futures import Future
 
+from paratrain.checkpoint.files import CHECKSUM, new_digest, read_verified, start_writeback
 from paratrain.checkpoint.formats import MALFORMED, describe
-from paratrain.errors import CheckpointError
+from paratrain.errors import CheckpointDamagedError, CheckpointError
 
 # Exact (module, name) pairs: a prefix rule would let a pickle reach any attribute of those modules
 # (a dotted name such as "os.system" resolves through their imports).
@@ -234,7 +245,62 @@ def _empty_like_stored(folder: Path, meta: Metadata, fqn: str) -> torch.Tensor:
 
 
 class SafeReader(FileSystemReader):
-    """A FileSystemReader whose metadata is unpickled with an allow-list and checked."""
+    """A FileSystemReader whose metadata is unpickled with an allow-list and checked.
+
+    Given ``checksums`` (file name -> (algorithm, value, bytes), from a paratrain manifest),
+    every data file is read whole, once, and verified before any of its bytes are used; the
+    tensors are then taken from memory. A damaged file raises CheckpointDamagedError.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        checksums: Mapping[str, tuple[str, int, int]] | None = None,
+    ) -> None:
+        super().__init__(path)
+        self.checksums = checksums
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        """Read the items of ``plan`` file by file, each file verified before it is used."""
+        if self.checksums is None:
+            return super().read_data(plan, planner)
+        per_file: dict[str, list[ReadItem]] = {}
+        for item in plan.items:
+            per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(
+                item
+            )
+        for name, items in per_file.items():
+            if name not in self.checksums:
+                raise CheckpointDamagedError(
+                    f"{name} is not listed in the checkpoint's manifest: the folder was altered"
+                )
+            algorithm, expected, size = self.checksums[name]
+            buffer = read_verified(Path(self.path) / name, algorithm, expected, size)
+            data = buffer.numpy().data
+            for item in items:
+                info = self.storage_data[item.storage_index]
+                piece = _MemoryFile(data[info.offset : info.offset + info.length])
+                source = self.transforms.transform_load_stream(
+                    item, info.transform_descriptors or (), cast(IO[bytes], piece)
+                )
+                if item.type == LoadItemType.BYTE_IO:
+                    planner.load_bytes(item, io.BytesIO(source.read(-1)))
+                    continue
+                seekable: Any = source if source.seekable() else io.BytesIO(source.read(-1))
+                tensor = torch.load(seekable, map_location="cpu", weights_only=True)
+                tensor = narrow_tensor_by_index(tensor, item.storage_offsets, item.lengths)
+                target = planner.resolve_tensor(item).detach()
+                if target.size() != tensor.size():
+                    raise CheckpointError(
+                        f"{item.storage_index.fqn} is stored as {tuple(tensor.size())} but the "
+                        f"model expects {tuple(target.size())}"
+                    )
+                target.copy_(tensor)
+                planner.commit_tensor(item, target)
+            del data, buffer
+        done: Future[None] = Future()
+        done.set_result(None)
+        return done
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         """The checked metadata of the folder (see :func:`read_metadata`)."""
@@ -256,3 +322,128 @@ class SafePlanner(DefaultLoadPlanner):
             set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
         else:
             self.state_dict[read_item.dest_index.fqn] = loaded
+
+
+class _HashedFile(io.RawIOBase):
+    """A new file written front to back, hashed as it is written (no second pass).
+
+    Write-back of every 16 MiB starts at once (see :mod:`paratrain.checkpoint.files`).
+    ``fileno()`` flushes first, so an ``os.fsync`` on it covers every byte written so far.
+    """
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self._file = path.open("xb")
+        self._digest = new_digest(CHECKSUM)
+        self._size = 0
+        self._started = 0  # bytes whose write-back has been started
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        self._file.write(view)
+        self._digest.update(view)
+        self._size += view.nbytes
+        if start_writeback is not None and self._size - self._started >= _WRITEBACK_EVERY:
+            self._file.flush()
+            start_writeback(self._file.fileno(), self._started, self._size - self._started)
+            self._started = self._size
+        return view.nbytes
+
+    def tell(self) -> int:
+        return self._size
+
+    def fileno(self) -> int:
+        self._file.flush()
+        return self._file.fileno()
+
+    def flush(self) -> None:
+        if not self._file.closed:
+            self._file.flush()
+
+    def close(self) -> None:
+        super().close()  # flushes first
+        self._file.close()
+
+    def record(self) -> tuple[int, int]:
+        """(xxh3_64, bytes) of what was written."""
+        return self._digest.intdigest(), self._size
+
+
+_WRITEBACK_EVERY = 16 * 2**20
+
+
+class _RecordingFileSystem(FileSystem):
+    """DCP's local file system, recording (checksum, bytes) of each file it writes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: dict[str, tuple[int, int]] = {}
+
+    @contextlib.contextmanager
+    def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[io.IOBase]:
+        if "w" not in mode:
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        file = _HashedFile(Path(path))
+        try:
+            yield file
+        finally:
+            file.close()
+        self.records[Path(path).name] = file.record()
+
+    def rename(self, path: str | os.PathLike[str], new_path: str | os.PathLike[str]) -> None:
+        super().rename(path, new_path)
+        if Path(path).name in self.records:  # .metadata.tmp -> .metadata
+            self.records[Path(new_path).name] = self.records.pop(Path(path).name)
+
+
+class RecordingWriter(FileSystemWriter):
+    """A ``FileSystemWriter`` that records the checksum and size of each file this rank writes.
+
+    writer = RecordingWriter(folder, sync_files=True, overwrite=False)
+    dcp.save(state, storage_writer=writer)
+    writer.records        # {"__0_0.distcp": (xxh3_64, bytes), ".metadata": ...}
+    """
+
+    def __init__(self, path: str | os.PathLike[str], **options: Any) -> None:
+        super().__init__(path, **options)
+        self.fs: _RecordingFileSystem = _RecordingFileSystem()
+
+    @property
+    def records(self) -> dict[str, tuple[int, int]]:
+        """File name (inside the folder) -> (xxh3_64, bytes), for the files this rank wrote."""
+        return self.fs.records
+
+
+class _MemoryFile(io.RawIOBase):
+    """A read-only, seekable file over a slice of memory (no copy)."""
+
+    def __init__(self, view: memoryview) -> None:
+        super().__init__()
+        self._view = view
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        target = memoryview(buffer).cast("B")
+        n = max(0, min(target.nbytes, len(self._view) - self._pos))
+        target[:n] = self._view[self._pos : self._pos + n]
+        self._pos += n
+        return n
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos

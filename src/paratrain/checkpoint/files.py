@@ -1,7 +1,8 @@
 """Durable file writes and verified reads: fsync, atomic commit by rename, checksums,
 zero-copy safetensors.
 
-    digest, size = write_safetensors(path, {"w": tensor})   # fsynced; xxh3 computed during fsync
+    digest, size = write_safetensors(path, {"w": tensor})   # fsynced, with its xxh3_64
+    records = write_files_durable({a: chunks_a, b: chunks_b})  # several files, several threads
     checksum_file(path, "xxh3_64")                           # the same value, read back
     buffer = read_verified(path, "xxh3_64", digest, size)    # one pass: read and check together
     atomic_torch_save(obj, path)                             # temp file, fsync, rename, fsync dir
@@ -9,14 +10,18 @@ zero-copy safetensors.
 New checkpoints use xxHash's XXH3-64 (``xxhash``, over 10 GB/s per core); checkpoints of
 format 2 carry zlib CRC32 and are still read. Writing hashes while the kernel flushes the file,
 reading hashes each block while the next one is read, so checks cost almost nothing on top of
-the I/O itself.
+the I/O itself. Writes start each block's write-back at once and several threads write and
+read, so a checkpoint moves at the disk's speed rather than one thread's copy speed.
 """
 
 from __future__ import annotations
 
+import ctypes
 import io
 import json
 import os
+import queue
+import sys
 import tempfile
 import threading
 import zlib
@@ -27,12 +32,13 @@ from typing import Protocol
 import torch
 import xxhash
 
-from paratrain.errors import CheckpointError
+from paratrain.errors import CheckpointDamagedError, CheckpointError
 
 _CHUNK = 64 * 2**20
 _READ_BLOCK = 8 * 2**20  # small enough to stay in cache between reading and hashing
-READ_THREADS = 2
+READ_THREADS = 4
 """Threads reading one checkpoint file (measured by benchmarks/checkpoint_io.py)."""
+_BLOCKS_PER_READER = 4  # a file shorter than this many blocks per thread uses fewer threads
 _ST_DTYPES = {
     torch.float64: "F64",
     torch.float32: "F32",
@@ -129,28 +135,40 @@ def file_problem(path: Path, algorithm: str, expected: int, size: int) -> str | 
 def read_verified(path: Path, algorithm: str, expected: int, size: int) -> torch.Tensor:
     """The bytes of ``path`` as a uint8 tensor, after checking its size and checksum.
 
-    One pass over the file: reader threads fill the blocks (``os.preadv`` releases the GIL)
-    while this thread hashes them in order as they arrive. Raises :class:`CheckpointError`
+    One pass over the file: reader threads, each with its own descriptor and a contiguous range
+    of the file (so the kernel reads ahead for each), fill the blocks (``os.preadv`` releases the
+    GIL) while this thread hashes them in order as they arrive. Raises :class:`CheckpointError`
     naming the file when it is missing, resized, corrupted or unreadable; no caller sees a byte
     of a file that failed.
     """
     try:
         actual = path.stat().st_size
     except OSError as err:
-        raise CheckpointError(f"{path.name} cannot be read ({err.strerror or err})") from None
+        raise CheckpointDamagedError(
+            f"{path.name} cannot be read ({err.strerror or err})"
+        ) from None
     if actual != size:
-        raise CheckpointError(f"{path.name} has {actual} bytes, expected {size}")
+        raise CheckpointDamagedError(f"{path.name} has {actual} bytes, expected {size}")
     buffer = torch.empty(size, dtype=torch.uint8)
     view = buffer.numpy().data if size else memoryview(b"")
     blocks = [(start, min(_READ_BLOCK, size - start)) for start in range(0, size, _READ_BLOCK)]
     done = [threading.Event() for _ in blocks]
     failures: list[BaseException] = []
-    readers = max(1, min(READ_THREADS, len(blocks)))
-    fd = os.open(path, os.O_RDONLY)
+    readers = max(1, min(READ_THREADS, len(blocks) // _BLOCKS_PER_READER))
+    share = -(-len(blocks) // readers)  # contiguous runs of blocks, one per reader
 
     def read(first: int) -> None:
         try:
-            for i in range(first, len(blocks), readers):
+            fd = os.open(path, os.O_RDONLY)
+        except BaseException as err:
+            failures.append(err)
+            for event in done:
+                event.set()
+            return
+        try:
+            if hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)  # a larger read-ahead
+            for i in range(first, min(first + share, len(blocks))):
                 start, length = blocks[i]
                 got = 0
                 while got < length:
@@ -163,43 +181,142 @@ def read_verified(path: Path, algorithm: str, expected: int, size: int) -> torch
             failures.append(err)
             for event in done:
                 event.set()
+        finally:
+            os.close(fd)
 
-    threads = [threading.Thread(target=read, args=(k,), daemon=True) for k in range(readers)]
-    try:
-        for thread in threads:
-            thread.start()
-        digest = new_digest(algorithm)
-        for (start, length), event in zip(blocks, done, strict=True):
-            event.wait()
-            if failures:
-                break
-            digest.update(view[start : start + length])
-        for thread in threads:
-            thread.join()
-    finally:
-        os.close(fd)
+    threads = [
+        threading.Thread(target=read, args=(k * share,), daemon=True) for k in range(readers)
+    ]
+    for thread in threads:
+        thread.start()
+    digest = new_digest(algorithm)
+    for (start, length), event in zip(blocks, done, strict=True):
+        event.wait()
+        if failures:
+            break
+        digest.update(view[start : start + length])
+    for thread in threads:
+        thread.join()
     if failures:
         failure = failures[0]
         text = (
             failure.strerror if isinstance(failure, OSError) and failure.strerror else str(failure)
         )
-        raise CheckpointError(f"{path.name} cannot be read ({text})")
+        raise CheckpointDamagedError(f"{path.name} cannot be read ({text})")
     if digest.intdigest() != expected:
-        raise CheckpointError(f"{path.name} fails its checksum (corrupted)")
+        raise CheckpointDamagedError(f"{path.name} fails its checksum (corrupted)")
     return buffer
+
+
+WRITE_THREADS = 4
+"""Threads writing a checkpoint's files (measured by benchmarks/checkpoint_io.py)."""
+_WRITE_BLOCK = 16 * 2**20
+
+
+def _writeback_starter() -> Callable[[int, int, int], object] | None:
+    """Linux ``sync_file_range(fd, offset, n, SYNC_FILE_RANGE_WRITE)``, or None elsewhere.
+
+    Starting the write-back of each block as soon as it is written lets the disk work while the
+    next blocks are copied into the page cache; the final fsync then waits for little.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        call = libc.sync_file_range
+    except (OSError, AttributeError):
+        return None
+    call.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    call.restype = ctypes.c_int
+    write_flag = 2  # SYNC_FILE_RANGE_WRITE: start write-back, do not wait for it
+
+    def start(fd: int, offset: int, count: int) -> object:
+        return call(fd, offset, count, write_flag)  # a hint: a failure changes nothing
+
+    return start
+
+
+start_writeback = _writeback_starter()
+"""``start_writeback(fd, offset, count)`` on Linux, else None."""
+
+
+def write_files_durable(
+    files: Mapping[Path, list[memoryview]], *, threads: int = WRITE_THREADS
+) -> dict[Path, tuple[int, int]]:
+    """Write new files from their chunks, fsync them; return each one's (xxh3_64, bytes).
+
+    Blocks of all files are written by ``threads`` threads in file order (``os.pwrite``
+    releases the GIL) while this thread computes the checksums from the same memory, so
+    neither waits for the other. Each block's write-back starts at once (Linux), and the
+    closing fsyncs run in parallel. A file that already exists is an error (``FileExistsError``).
+    """
+    fds: dict[Path, int] = {}
+    try:
+        for path in files:
+            fds[path] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        blocks = queue.SimpleQueue[tuple[int, int, memoryview] | None]()
+        for path, chunks in files.items():
+            offset = 0
+            for chunk in chunks:
+                flat = chunk.cast("B") if chunk.ndim != 1 or chunk.format != "B" else chunk
+                for start in range(0, flat.nbytes, _WRITE_BLOCK):
+                    piece = flat[start : start + _WRITE_BLOCK]
+                    blocks.put((fds[path], offset + start, piece))
+                offset += flat.nbytes
+        failures: list[BaseException] = []
+
+        def write() -> None:
+            while (item := blocks.get()) is not None:
+                if failures:
+                    continue
+                fd, offset, piece = item
+                try:
+                    done = 0
+                    while done < piece.nbytes:
+                        done += os.pwrite(fd, piece[done:], offset + done)
+                    if start_writeback is not None:
+                        start_writeback(fd, offset, piece.nbytes)
+                except BaseException as err:
+                    failures.append(err)
+
+        workers = [threading.Thread(target=write, daemon=True) for _ in range(max(1, threads))]
+        for worker in workers:
+            blocks.put(None)
+            worker.start()
+        digests = {
+            path: (checksum_chunks(chunks), _nbytes(chunks)) for path, chunks in files.items()
+        }
+        for worker in workers:
+            worker.join()
+        if failures:
+            raise failures[0]
+        syncers = [threading.Thread(target=_fsync_into, args=(fd, failures)) for fd in fds.values()]
+        for syncer in syncers:
+            syncer.start()
+        for syncer in syncers:
+            syncer.join()
+        if failures:
+            raise failures[0]
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    return digests
+
+
+def _fsync_into(fd: int, failures: list[BaseException]) -> None:
+    try:
+        os.fsync(fd)
+    except BaseException as err:
+        failures.append(err)
+
+
+def _nbytes(chunks: list[memoryview]) -> int:
+    return sum(chunk.nbytes for chunk in chunks)
 
 
 def write_durable(path: Path, chunks: list[memoryview]) -> tuple[int, int]:
     """Write ``chunks`` to a new file and fsync it; return (xxh3_64 checksum, bytes)."""
-    with path.open("xb") as f:
-        for chunk in chunks:
-            f.write(chunk)
-        f.flush()
-        syncer = threading.Thread(target=os.fsync, args=(f.fileno(),))
-        syncer.start()  # fsync releases the GIL: checksum while the kernel writes back
-        digest = checksum_chunks(chunks)
-        syncer.join()
-    return digest, sum(c.nbytes for c in chunks)
+    return write_files_durable({path: chunks})[path]
 
 
 def write_bytes_durable(path: Path, data: bytes) -> tuple[int, int]:
@@ -218,6 +335,13 @@ def write_safetensors(
     path: Path, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None
 ) -> tuple[int, int]:
     """Write ``tensors`` in the safetensors format without an intermediate copy; fsynced."""
+    return write_durable(path, safetensors_chunks(tensors, metadata))
+
+
+def safetensors_chunks(
+    tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None
+) -> list[memoryview]:
+    """The bytes of a safetensors file of ``tensors``: its header, then views of the tensors."""
     header: dict[str, object] = {}
     views: list[memoryview] = []
     offset = 0
@@ -239,8 +363,7 @@ def write_safetensors(
         header["__metadata__"] = dict(metadata)
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # the format aligns the data section to 8 bytes
-    head = memoryview(len(raw).to_bytes(8, "little") + raw)
-    return write_durable(path, [head, *views])
+    return [memoryview(len(raw).to_bytes(8, "little") + raw), *views]
 
 
 _DTYPES_ST = {name: dtype for dtype, name in _ST_DTYPES.items()}

@@ -21,7 +21,7 @@ import dataclasses
 import io
 import pathlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -39,7 +39,7 @@ from paratrain.checkpoint.store import (
     distributed,
     load_trainer,
 )
-from paratrain.errors import CheckpointError, ConfigError
+from paratrain.errors import CheckpointDamagedError, CheckpointError, ConfigError
 from paratrain.loop_state import LoopState, epoch_to_save
 from paratrain.precision import Precision
 from paratrain.tracking import Tracked, Unit
@@ -216,14 +216,18 @@ def resume(
             "run.resume() needs the model: call run.setup(model, optimizer) first. To read a "
             "checkpoint's extras before building the model, use run.latest_checkpoint()."
         )
-    found = _read_newest_intact(store, warn)
-    if found is None:
+    for staged, manifest in _newest_intact(store, warn):
+        trainer = staged.trainer()
+        try:
+            _restore_units(pieces, store, staged, manifest, trainer, warn)
+        except CheckpointDamagedError as err:  # a DCP shard, verified as it was loaded
+            warn(f"skipping {staged.folder}: {err}")
+            continue
+        break
+    else:
         say(f"paratrain: no checkpoint in {store.directory}; starting fresh")
         return None
-    staged, manifest = found
     folder = staged.folder
-    trainer = staged.trainer()
-    _restore_units(pieces, store, staged, manifest, trainer, warn)
     _restore_rest(pieces, trainer)
     if manifest.world_size == pieces.layout.world_size:
         restore_rng(trainer["rng"][pieces.layout.rank])
@@ -374,14 +378,15 @@ def latest(store: CheckpointStore, rank: int) -> CheckpointInfo | None:
     return CheckpointInfo(folder, manifest, dict(load_trainer(folder).get("extras", {})))
 
 
-def _read_newest_intact(
+def _newest_intact(
     store: CheckpointStore, warn: Callable[[str], None]
-) -> tuple[Staged, Manifest] | None:
-    """The newest checkpoint whose every file reads back intact on every rank, read once.
+) -> Iterator[tuple[Staged, Manifest]]:
+    """Checkpoints whose files read back intact on every rank, newest first, each read once.
 
     Each rank reads and checks the files itself (one pass: checksums while reading); the ranks
     then agree, and a checkpoint damaged for any of them is skipped by all, before any of its
-    bytes reach a model or optimizer.
+    bytes reach a model or optimizer. (DCP shards are checked as they load; a damaged one makes
+    the caller ask for the next checkpoint.)
     """
     listed = _from_rank0(store.candidates() if _rank() == 0 else [])
     for folder, manifest in listed:
@@ -391,9 +396,9 @@ def _read_newest_intact(
         except CheckpointError as err:
             staged, problem = None, str(err)
         if _everywhere(staged is not None) and staged is not None:
-            return staged, manifest
-        warn(f"skipping {folder}: {problem or 'damaged as read by another rank'}")
-    return None
+            yield staged, manifest
+        else:
+            warn(f"skipping {folder}: {problem or 'damaged as read by another rank'}")
 
 
 def _rank() -> int:

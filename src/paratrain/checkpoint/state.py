@@ -30,10 +30,15 @@ _SEP = "\x1f"  # unit separator: cannot occur in a parameter name or a state key
 
 
 def collect(
-    target: nn.Module, optimizers: list[Optimizer], *, full: bool
+    target: nn.Module, optimizers: list[Optimizer], *, full: bool, offload: bool | None = None
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(model state, state of all its optimizers); ``full`` gathers sharded tensors onto CPU."""
-    options = StateDictOptions(full_state_dict=full, cpu_offload=full)
+    """(model state, state of all its optimizers); ``full`` gathers sharded tensors.
+
+    Full states are copied to CPU unless ``offload=False`` (the caller stages them itself).
+    """
+    options = StateDictOptions(
+        full_state_dict=full, cpu_offload=full if offload is None else offload
+    )
     if not optimizers:
         return get_model_state_dict(target, options=options), {}
     model_sd, optim_sd = get_state_dict(target, optimizers, options=options)

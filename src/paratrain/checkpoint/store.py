@@ -34,25 +34,26 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.filesystem import FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.optim import Optimizer
 
 from paratrain.checkpoint import state as st
-from paratrain.checkpoint.dcp_io import SafePlanner, SafeReader
+from paratrain.checkpoint.dcp_io import RecordingWriter, SafePlanner, SafeReader
 from paratrain.checkpoint.files import (
     checksum_file,
-    file_problem,
     fsync_dir,
     read_verified,
+    safetensors_chunks,
     tensors_from_safetensors,
     write_bytes_durable,
-    write_safetensors,
+    write_files_durable,
 )
+from paratrain.checkpoint.formats import describe
 from paratrain.checkpoint.manifest import MANIFEST, FileRecord, Manifest
-from paratrain.errors import CheckpointError
+from paratrain.errors import CheckpointDamagedError, CheckpointError
 
 PREFIX = "step-"
 
@@ -105,6 +106,7 @@ class CheckpointStore:
         self._pending = _Pending()
         self._async_group: Any = None
         self._staging: dict[str, torch.Tensor] = {}
+        self._copy_stream: Any = None
 
     def __repr__(self) -> str:
         return (
@@ -120,7 +122,7 @@ class CheckpointStore:
         rank = dist.get_rank() if distributed() else 0
         final, tmp = self._agree_on_folder(request.manifest.step)
         states = {
-            name: st.collect(target, optimizers, full=not request.sharded)
+            name: st.collect(target, optimizers, full=not request.sharded, offload=not background)
             for name, target, optimizers in request.units
         }
         rng = _gather_rng(request.trainer.pop("rng"))
@@ -128,28 +130,56 @@ class CheckpointStore:
             self._save_sharded(request, tmp, final, states, rng, background)
         elif rank == 0:
             if background:  # the host copy is the only stall; writing happens in a thread
-                states = {n: (self._stage(m, n), _clone_tensors(o)) for n, (m, o) in states.items()}
-                self._start(lambda: self._write_replicated(request, tmp, final, states, rng))
+                staged, ready = self._stage(states)
+
+                def write() -> None:
+                    ready()
+                    self._write_replicated(request, tmp, final, staged, rng)
+
+                self._start(write)
             else:
                 self._write_replicated(request, tmp, final, states, rng)
         if not background and distributed():
             dist.barrier()
         return final
 
-    def _stage(self, state: dict[str, Any], prefix: str) -> dict[str, Any]:
-        """Copy tensors into host buffers kept between saves (no fresh allocation each time)."""
-        staged: dict[str, Any] = {}
-        for key, value in state.items():
-            if not isinstance(value, torch.Tensor):
-                staged[key] = value
-                continue
-            name = f"{prefix}/{key}"
-            buffer = self._staging.get(name)
-            if buffer is None or buffer.shape != value.shape or buffer.dtype != value.dtype:
-                buffer = torch.empty_like(value, device="cpu")
-                self._staging[name] = buffer
-            staged[key] = buffer.copy_(value.detach())
-        return staged
+    def _stage(self, tree: Any) -> tuple[Any, Callable[[], object]]:
+        """``tree`` with every tensor copied into a host buffer kept between saves, and a
+        function that returns once the copies are complete.
+
+        CPU tensors are copied at once. CUDA tensors go to pinned buffers on a copy stream of
+        their own that starts after the work already queued; the training stream waits for the
+        copy before its next kernels (a later in-place update cannot change what is saved),
+        while this thread returns at once and the writer thread waits for the copy's event.
+        """
+        tensors: list[torch.Tensor] = []
+        _collect_tensors(tree, tensors)
+        cuda = [t for t in tensors if t.is_cuda]
+        if not cuda:
+            return self._copy_tree(tree, ""), lambda: None
+        device = cuda[0].device
+        if self._copy_stream is None:
+            self._copy_stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+        stream = self._copy_stream
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            staged = self._copy_tree(tree, "")
+        done = stream.record_event()
+        torch.cuda.current_stream(device).wait_stream(stream)
+        return staged, done.synchronize
+
+    def _copy_tree(self, tree: Any, path: str) -> Any:
+        if isinstance(tree, torch.Tensor):
+            buffer = self._staging.get(path)
+            if buffer is None or buffer.shape != tree.shape or buffer.dtype != tree.dtype:
+                buffer = torch.empty(tree.shape, dtype=tree.dtype, pin_memory=tree.is_cuda)
+                self._staging[path] = buffer
+            return buffer.copy_(tree.detach(), non_blocking=tree.is_cuda)
+        if isinstance(tree, dict):
+            return {k: self._copy_tree(v, f"{path}/{k}") for k, v in tree.items()}
+        if type(tree) in (list, tuple):
+            return type(tree)(self._copy_tree(v, f"{path}/{i}") for i, v in enumerate(tree))
+        return tree
 
     def _check_every_rank_called(self) -> None:
         if not distributed():
@@ -192,19 +222,15 @@ class CheckpointStore:
         states: dict[str, tuple[dict[str, Any], dict[str, Any]]],
         rng: list[Any],
     ) -> None:
-        records: dict[str, tuple[int, int]] = {}
+        files: dict[str, list[memoryview]] = {}
         metas: dict[str, Any] = {}
         for name, (model_sd, optim_sd) in states.items():
             model_stem, optim_stem = stems(name)
-            records[f"{model_stem}.safetensors"] = write_safetensors(
-                tmp / f"{model_stem}.safetensors", model_sd
-            )
+            files[f"{model_stem}.safetensors"] = safetensors_chunks(model_sd)
             tensors, metas[name] = st.flatten_optimizer(optim_sd)
-            records[f"{optim_stem}.safetensors"] = write_safetensors(
-                tmp / f"{optim_stem}.safetensors", tensors
-            )
+            files[f"{optim_stem}.safetensors"] = safetensors_chunks(tensors)
         trainer = {**request.trainer, "rng": rng, "optimizer_meta": metas}
-        self._commit(request.manifest, tmp, final, records, trainer)
+        self._commit(request.manifest, tmp, final, trainer, files=files)
 
     def _save_sharded(
         self,
@@ -219,17 +245,23 @@ class CheckpointStore:
         for name, (model_sd, optim_sd) in states.items():
             model_stem, optim_stem = stems(name)
             state[model_stem], state[optim_stem] = model_sd, optim_sd
-        writer = FileSystemWriter(str(tmp / "dcp"), sync_files=True, overwrite=False)
+        writer = RecordingWriter(str(tmp / "dcp"), sync_files=True, overwrite=False)
         trainer = {**request.trainer, "rng": rng}
 
-        def commit() -> None:
+        def commit(group: Any = None) -> None:
+            """Gather every rank's file records; rank 0 writes the manifest and commits."""
+            records = [writer.records]
+            if distributed():
+                records = [{} for _ in range(dist.get_world_size())]
+                dist.all_gather_object(records, writer.records, group=group)
             if (dist.get_rank() if distributed() else 0) == 0:
-                self._commit(request.manifest, tmp, final, _records_of(tmp / "dcp", tmp), trainer)
+                merged = {f"dcp/{k}": v for r in records for k, v in r.items()}
+                self._commit(
+                    request.manifest, tmp, final, trainer, records=_records_of(tmp, merged)
+                )
 
         if not background:
             dcp_save(state, storage_writer=writer)
-            if distributed():
-                dist.barrier()
             commit()
             return
         if distributed() and self._async_group is None:
@@ -238,7 +270,7 @@ class CheckpointStore:
 
         def finish() -> None:
             future.result()  # every rank's shards and the metadata are on disk
-            commit()
+            commit(self._async_group)
 
         self._start(finish)
 
@@ -247,12 +279,17 @@ class CheckpointStore:
         manifest: Manifest,
         tmp: Path,
         final: Path,
-        records: dict[str, tuple[int, int]],
         trainer: dict[str, Any],
+        *,
+        files: dict[str, list[memoryview]] | None = None,
+        records: dict[str, tuple[int, int]] | None = None,
     ) -> None:
+        """Write ``files`` and ``trainer.pt`` (all durable), then the manifest, then rename."""
         buffer = io.BytesIO()
         torch.save(trainer, buffer)
-        records["trainer.pt"] = write_bytes_durable(tmp / "trainer.pt", buffer.getvalue())
+        files = {**(files or {}), "trainer.pt": [buffer.getbuffer()]}
+        written = write_files_durable({tmp / name: chunks for name, chunks in files.items()})
+        records = {**(records or {}), **{name: written[tmp / name] for name in files}}
         manifest.files = {k: FileRecord(xxh3_64=c, bytes=b) for k, (c, b) in records.items()}
         manifest.created = time.time()
         write_bytes_durable(tmp / MANIFEST, manifest.to_json().encode())
@@ -335,19 +372,20 @@ class CheckpointStore:
     def read(folder: Path, manifest: Manifest) -> Staged:
         """Every file of a checkpoint read once and checked against the manifest.
 
-        Replicated files come back as buffers to load from; the shards of a DCP folder are
-        checked on disk and read again by DCP. Raises CheckpointError for the first damaged file.
+        Replicated files come back as buffers to load from. The shards of a DCP folder are only
+        checked for presence and size here: :meth:`load_unit` verifies each as DCP reads it,
+        before any of its bytes are used. Raises CheckpointDamagedError for a damaged file.
         """
         buffers: dict[str, torch.Tensor] = {}
         for name, record in manifest.files.items():
             algorithm, expected = record.checksum
-            if name.startswith("dcp/"):
-                problem = file_problem(folder / name, algorithm, expected, record.bytes)
+            if name.startswith("dcp/"):  # verified while DCP reads it (see SafeReader)
+                problem = _size_problem(folder / name, record.bytes)
                 if problem:
-                    raise CheckpointError(problem)
+                    raise CheckpointDamagedError(problem)
             else:
                 buffers[name] = read_verified(folder / name, algorithm, expected, record.bytes)
-        return Staged(folder, buffers)
+        return Staged(folder, manifest, buffers)
 
     def load_unit(
         self,
@@ -366,7 +404,16 @@ class CheckpointStore:
             state: dict[str, Any] = {model_stem: model_sd}
             if optim_sd:
                 state[optim_stem] = optim_sd
-            dcp_load(state, storage_reader=SafeReader(str(folder / "dcp")), planner=SafePlanner())
+            checksums = {
+                name[len("dcp/") :]: (*record.checksum, record.bytes)
+                for name, record in staged.manifest.files.items()
+                if name.startswith("dcp/")
+            }
+            reader = SafeReader(str(folder / "dcp"), checksums)
+            try:
+                dcp_load(state, storage_reader=reader, planner=SafePlanner())
+            except CheckpointException as err:
+                raise _dcp_failure(folder, err) from None
             st.apply(target, optimizers, state[model_stem], state.get(optim_stem, {}), full=False)
             return
         model_sd = staged.tensors(f"{model_stem}.safetensors")
@@ -386,7 +433,9 @@ class Staged:
     """
 
     folder: Path
+    manifest: Manifest
     buffers: dict[str, torch.Tensor]
+    """Replicated files' bytes; a DCP folder's shards are verified as DCP reads them."""
 
     def tensors(self, name: str) -> dict[str, torch.Tensor]:
         """The tensors of the safetensors file ``name``."""
@@ -416,12 +465,33 @@ def load_trainer(folder: Path, source: Any = None) -> dict[str, Any]:
     return data
 
 
-def _records_of(root: Path, base: Path) -> dict[str, tuple[int, int]]:
+def _records_of(folder: Path, known: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+    """(checksum, bytes) of every file under ``folder / "dcp"``: recorded while they were
+    written (``known``), or read back for any file the writers did not record."""
+    found = {str(p.relative_to(folder)): p for p in (folder / "dcp").rglob("*") if p.is_file()}
     return {
-        str(p.relative_to(base)): (checksum_file(p), p.stat().st_size)
-        for p in sorted(root.rglob("*"))
-        if p.is_file()
+        name: known[name] if name in known else (checksum_file(path), path.stat().st_size)
+        for name, path in sorted(found.items())
     }
+
+
+def _size_problem(path: Path, size: int) -> str | None:
+    try:
+        actual = path.stat().st_size
+    except OSError as err:
+        return f"{path.name} cannot be read ({err.strerror or err})"
+    return None if actual == size else f"{path.name} has {actual} bytes, expected {size}"
+
+
+def _dcp_failure(folder: Path, err: CheckpointException) -> CheckpointError:
+    """The error to raise for a failed DCP load (on every rank alike: DCP gathers failures)."""
+    causes = [exc for exc, _ in err.failures.values()]
+    for kind in (CheckpointDamagedError, CheckpointError):
+        ours = [exc for exc in causes if isinstance(exc, kind)]
+        if ours:
+            return kind(f"{folder}: {ours[0]}")
+    detail = "; ".join(describe(exc) for exc in causes)
+    return CheckpointDamagedError(f"{folder}/dcp could not be read ({detail})")
 
 
 def _gather_rng(local: Any) -> list[Any]:
@@ -432,11 +502,12 @@ def _gather_rng(local: Any) -> list[Any]:
     return out
 
 
-def _clone_tensors(tree: Any) -> Any:
+def _collect_tensors(tree: Any, out: list[torch.Tensor]) -> None:
     if isinstance(tree, torch.Tensor):
-        return tree.detach().clone()
-    if isinstance(tree, dict):
-        return {k: _clone_tensors(v) for k, v in tree.items()}
-    if isinstance(tree, list):
-        return [_clone_tensors(v) for v in tree]
-    return tree
+        out.append(tree)
+    elif isinstance(tree, dict):
+        for value in tree.values():
+            _collect_tensors(value, out)
+    elif isinstance(tree, (list, tuple)):
+        for value in tree:
+            _collect_tensors(value, out)

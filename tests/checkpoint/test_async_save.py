@@ -1,0 +1,62 @@
+"""async_save: what is written is the state at the call, while training goes on at once."""
+
+from __future__ import annotations
+
+import copy
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+import paratrain as pt
+from tests.support.training import dataset, mlp
+
+
+def _train_steps(run: pt.Run, model: nn.Module, opt: Any, sched: Any, n: int) -> None:
+    x, y = dataset(8)[:]
+    for _ in range(n):
+        with run.accumulate(model):
+            run.backward(nn.functional.cross_entropy(model(x), y))
+        run.step(opt, sched)
+
+
+def _resumed(folder: Path, work: Path) -> tuple[dict[str, Any], dict[str, Any], int]:
+    alone = work / folder.name  # a directory holding only this checkpoint
+    shutil.copytree(folder, alone / folder.name)
+    with pt.Run(strategy="cpu", ckpt_dir=alone, progress=False) as run:
+        net = mlp()
+        model, opt = run.setup(net, torch.optim.AdamW(net.parameters(), lr=1e-2))
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        run.resume(scheduler=sched)
+        return run.unwrap(model).state_dict(), opt.state_dict(), run.global_step
+
+
+def test_each_async_save_holds_the_state_of_its_own_call(tmp_path: Path) -> None:
+    snapshots: dict[Path, tuple[dict[str, Any], dict[str, Any], int]] = {}
+    with pt.Run(
+        strategy="cpu", ckpt_dir=tmp_path / "ckpt", async_save=True, keep_last=None, progress=False
+    ) as run:
+        net = mlp()
+        model, opt = run.setup(net, torch.optim.AdamW(net.parameters(), lr=1e-2))
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        for _ in range(3):  # later saves reuse the staging buffers of earlier ones
+            _train_steps(run, model, opt, sched, 2)
+            state = copy.deepcopy((run.unwrap(model).state_dict(), opt.state_dict()))
+            folder = run.save()
+            assert folder is not None
+            snapshots[folder] = (*state, run.global_step)
+            _train_steps(run, model, opt, sched, 1)  # mutates weights, moments and lr at once
+            with torch.no_grad():  # and an in-place edit outside any optimizer
+                for p in model.parameters():
+                    p.mul_(0.5)
+    assert len(snapshots) == 3
+    for folder, (weights, optim, step) in snapshots.items():
+        got_weights, got_optim, got_step = _resumed(folder, tmp_path / "alone")
+        assert got_step == step
+        assert all(torch.equal(got_weights[k], v) for k, v in weights.items())
+        assert got_optim["param_groups"] == optim["param_groups"]  # the lr of that moment
+        for index, entry in optim["state"].items():
+            for key, value in entry.items():
+                assert torch.equal(torch.as_tensor(got_optim["state"][index][key]), value)
