@@ -11,7 +11,7 @@ model named ``model``; another model ``G`` has ``model.G.safetensors`` and
 ``optimizer.G.safetensors``), written by rank 0 for replicated strategies, or ``dcp/`` (FSDP,
 every rank writes its shards); ``trainer.pt`` (plain data: loop state, schedulers, scaler, loader
 positions, tracked objects, RNG of every rank, extras) and ``manifest.json``, written last with a
-CRC32 per file. A save never writes into a folder that holds a committed checkpoint: a second
+checksum per file. A save never writes into a folder that holds a committed checkpoint: a second
 save at the same step goes to ``step-00000120.1`` and, being newer, wins. "Newest" is the time of
 the save, not the step number, so a directory that also holds another run's checkpoints at higher
 steps neither hides nor deletes this run's: rotation removes only checkpoints of the run's own
