@@ -312,6 +312,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     rounds = []
+    if args.dir is not None:
+        args.dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         for r in range(args.repeats):
             work = Path(tmp) / f"r{r}"

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import itertools
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+import xxhash
+from hypothesis import given
+from hypothesis import strategies as st
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 
 import paratrain as pt
 from paratrain.checkpoint.dcp_io import RecordingWriter, SafePlanner, SafeReader
-from paratrain.checkpoint.files import CHECKSUM, checksum_file
+from paratrain.checkpoint.files import BLOCK_BYTES, BlockDigests
 from paratrain.checkpoint.manifest import Manifest
 from paratrain.errors import CheckpointDamagedError
 from tests.support.distributed import run_distributed
@@ -34,8 +39,16 @@ def test_the_recording_writer_records_what_is_on_disk(tmp_path: Path) -> None:
     dcp.save(_state(), storage_writer=writer, no_dist=True)
     on_disk = {p.name for p in tmp_path.iterdir()}
     assert set(writer.records) == on_disk and ".metadata" in on_disk
-    for name, (digest, size) in writer.records.items():
-        assert (checksum_file(tmp_path / name), (tmp_path / name).stat().st_size) == (digest, size)
+    for name, record in writer.records.items():
+        data = (tmp_path / name).read_bytes()
+        blocks = BlockDigests()
+        blocks.update(memoryview(data))
+        assert (record.bytes, record.block_bytes, record.blocks) == (
+            len(data),
+            BLOCK_BYTES,
+            blocks.digests(),
+        )
+        assert record.problem(tmp_path / name) is None
 
 
 def test_the_verifying_reader_loads_intact_files_and_refuses_a_flipped_bit(
@@ -43,7 +56,7 @@ def test_the_verifying_reader_loads_intact_files_and_refuses_a_flipped_bit(
 ) -> None:
     writer = RecordingWriter(str(tmp_path), sync_files=True, overwrite=False)
     dcp.save(_state(), storage_writer=writer, no_dist=True)
-    checksums = {name: (CHECKSUM, d, n) for name, (d, n) in writer.records.items()}
+    checksums = writer.records
     target = {
         "w": torch.zeros(300, 70),
         "b": torch.zeros(7, dtype=torch.float64),
@@ -69,6 +82,46 @@ def test_the_verifying_reader_loads_intact_files_and_refuses_a_flipped_bit(
     failures = [exc for exc, _ in caught.value.failures.values()]
     assert any(isinstance(exc, CheckpointDamagedError) for exc in failures)
     assert torch.count_nonzero(fresh["w"]) == 0  # no byte of the damaged file was used
+
+
+def test_a_rank_reads_and_verifies_only_the_blocks_holding_its_items(tmp_path: Path) -> None:
+    n = BLOCK_BYTES // 4 * 2  # two blocks of float32 each
+    torch.manual_seed(0)
+    state = {"a": torch.randn(n), "b": torch.randn(n)}
+    writer = RecordingWriter(str(tmp_path), sync_files=True, overwrite=False)
+    dcp.save(state, storage_writer=writer, no_dist=True)
+    (data,) = [p for p in tmp_path.iterdir() if p.suffix == ".distcp"]
+    assert len(writer.records[data.name].blocks or []) >= 4
+    raw = bytearray(data.read_bytes())
+    raw[BLOCK_BYTES // 2] ^= 0x10  # inside "a", written first
+    data.write_bytes(bytes(raw))
+    assert "bytes 0..4194304" in (writer.records[data.name].problem(data) or "")
+
+    only_b = {"b": torch.zeros(n)}  # "a"'s blocks are neither read nor needed
+    dcp.load(only_b, storage_reader=SafeReader(str(tmp_path), writer.records), no_dist=True)
+    assert torch.equal(only_b["b"], state["b"])
+    only_a = {"a": torch.zeros(n)}
+    with pytest.raises(CheckpointException) as caught:
+        dcp.load(only_a, storage_reader=SafeReader(str(tmp_path), writer.records), no_dist=True)
+    failures = [exc for exc, _ in caught.value.failures.values()]
+    assert any(isinstance(e, CheckpointDamagedError) and "bytes 0.." in str(e) for e in failures)
+    assert torch.count_nonzero(only_a["a"]) == 0
+
+
+@given(
+    data=st.binary(min_size=0, max_size=300),
+    cuts=st.lists(st.integers(0, 300), max_size=6),
+    block=st.integers(1, 64),
+)
+def test_block_digests_do_not_depend_on_how_the_stream_is_cut(
+    data: bytes, cuts: list[int], block: int
+) -> None:
+    blocks = BlockDigests(block)
+    edges = sorted({0, len(data), *(c for c in cuts if c <= len(data))})
+    for start, end in itertools.pairwise(edges):
+        blocks.update(memoryview(data)[start:end])
+    want = [xxhash.xxh3_64_intdigest(data[i : i + block]) for i in range(0, len(data), block)]
+    assert blocks.digests() == want
 
 
 def _fsdp_saves(root: str) -> dict[str, Any]:
@@ -113,3 +166,31 @@ def test_a_damaged_shard_of_rank_1_makes_every_rank_resume_the_previous_save(
     assert max_abs_diff(resumed[0]["weights"], saved[1]) == 0.0
     err = capfd.readouterr().err
     assert "step-00000002" in err and "__1_0.distcp" in err and "checksum" in err
+
+
+@pytest.mark.parametrize(
+    "record,needle",
+    [
+        ({"bytes": 10, "block_bytes": 4, "blocks": [1, 2]}, "2 block checksums for 10 bytes"),
+        ({"bytes": 10, "blocks": [1, 2, 3]}, "without a positive block_bytes"),
+        ({"bytes": 10, "block_bytes": 4, "blocks": [1, "x", 3]}, "64-bit checksums"),
+        ({"bytes": 10, "block_bytes": 4, "blocks": [1, 2, 3], "xxh3_64": 5}, "exactly one"),
+        ({"bytes": 10, "block_bytes": -4, "blocks": [1, 2, 3]}, "not a whole number"),
+    ],
+)
+def test_a_manifest_with_malformed_block_checksums_is_refused(
+    tmp_path: Path, record: dict[str, Any], needle: str
+) -> None:
+    from paratrain.errors import CheckpointError
+
+    with pt.Run(progress=False, ckpt_dir=str(tmp_path), seed=0) as run:
+        net = mlp()
+        run.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
+        folder = run.save()
+    assert folder is not None
+    raw = json.loads((folder / "manifest.json").read_text())
+    assert raw["format_version"] == 3  # no block checksums: older readers still read it
+    raw["files"]["dcp/__0_0.distcp"] = record
+    (folder / "manifest.json").write_text(json.dumps(raw))
+    with pytest.raises(CheckpointError, match=needle):
+        Manifest.read(folder)

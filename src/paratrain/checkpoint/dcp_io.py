@@ -48,8 +48,10 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.futures import Future
 
-from paratrain.checkpoint.files import CHECKSUM, new_digest, read_verified, start_writeback
+from paratrain.checkpoint.files import BlockDigests, start_writeback
 from paratrain.checkpoint.formats import MALFORMED, describe
+from paratrain.checkpoint.manifest import FileRecord
+from paratrain.checkpoint.saved_tensor import MemoryFile, saved_tensor
 from paratrain.errors import CheckpointDamagedError, CheckpointError
 
 # Exact (module, name) pairs: a prefix rule would let a pickle reach any attribute of those modules
@@ -247,22 +249,23 @@ def _empty_like_stored(folder: Path, meta: Metadata, fqn: str) -> torch.Tensor:
 class SafeReader(FileSystemReader):
     """A FileSystemReader whose metadata is unpickled with an allow-list and checked.
 
-    Given ``checksums`` (file name -> (algorithm, value, bytes), from a paratrain manifest),
-    every data file is read whole, once, and verified before any of its bytes are used; the
-    tensors are then taken from memory. A damaged file raises CheckpointDamagedError.
+    Given ``records`` (file name -> FileRecord, from a paratrain manifest), each data file is
+    read once and verified before any of its bytes are used: a file checked per block only in
+    the blocks that hold this rank's items, an older file whole. The tensors are then taken
+    from memory. A damaged file raises CheckpointDamagedError.
     """
 
     def __init__(
         self,
         path: str | os.PathLike[str],
-        checksums: Mapping[str, tuple[str, int, int]] | None = None,
+        records: Mapping[str, FileRecord] | None = None,
     ) -> None:
         super().__init__(path)
-        self.checksums = checksums
+        self.records = records
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         """Read the items of ``plan`` file by file, each file verified before it is used."""
-        if self.checksums is None:
+        if self.records is None:
             return super().read_data(plan, planner)
         per_file: dict[str, list[ReadItem]] = {}
         for item in plan.items:
@@ -270,37 +273,46 @@ class SafeReader(FileSystemReader):
                 item
             )
         for name, items in per_file.items():
-            if name not in self.checksums:
+            record = self.records.get(name)
+            if record is None:
                 raise CheckpointDamagedError(
                     f"{name} is not listed in the checkpoint's manifest: the folder was altered"
                 )
-            algorithm, expected, size = self.checksums[name]
-            buffer = read_verified(Path(self.path) / name, algorithm, expected, size)
-            data = buffer.numpy().data
-            for item in items:
-                info = self.storage_data[item.storage_index]
-                piece = _MemoryFile(data[info.offset : info.offset + info.length])
-                source = self.transforms.transform_load_stream(
-                    item, info.transform_descriptors or (), cast(IO[bytes], piece)
-                )
-                if item.type == LoadItemType.BYTE_IO:
-                    planner.load_bytes(item, io.BytesIO(source.read(-1)))
-                    continue
-                seekable: Any = source if source.seekable() else io.BytesIO(source.read(-1))
-                tensor = torch.load(seekable, map_location="cpu", weights_only=True)
-                tensor = narrow_tensor_by_index(tensor, item.storage_offsets, item.lengths)
-                target = planner.resolve_tensor(item).detach()
-                if target.size() != tensor.size():
-                    raise CheckpointError(
-                        f"{item.storage_index.fqn} is stored as {tuple(tensor.size())} but the "
-                        f"model expects {tuple(target.size())}"
-                    )
-                target.copy_(tensor)
-                planner.commit_tensor(item, target)
-            del data, buffer
+            infos = [self.storage_data[item.storage_index] for item in items]
+            buffer = record.read(Path(self.path) / name, [(i.offset, i.length) for i in infos])
+            for item, info in zip(items, infos, strict=True):
+                self._load_item(item, info, buffer, planner)
+            del buffer
         done: Future[None] = Future()
         done.set_result(None)
         return done
+
+    def _load_item(
+        self, item: ReadItem, info: _StorageInfo, buffer: torch.Tensor, planner: LoadPlanner
+    ) -> None:
+        """Load one item from the verified bytes of its file, in ``buffer``."""
+        tensor = None
+        if item.type != LoadItemType.BYTE_IO and not info.transform_descriptors:
+            tensor = saved_tensor(buffer, info.offset, info.length)  # no copy
+        if tensor is None:
+            stored = buffer.numpy().data[info.offset : info.offset + info.length]
+            source = self.transforms.transform_load_stream(
+                item, info.transform_descriptors or (), cast(IO[bytes], MemoryFile(stored))
+            )
+            if item.type == LoadItemType.BYTE_IO:
+                planner.load_bytes(item, io.BytesIO(source.read(-1)))
+                return
+            seekable: Any = source if source.seekable() else io.BytesIO(source.read(-1))
+            tensor = torch.load(seekable, map_location="cpu", weights_only=True)
+        tensor = narrow_tensor_by_index(tensor, item.storage_offsets, item.lengths)
+        target = planner.resolve_tensor(item).detach()
+        if target.size() != tensor.size():
+            raise CheckpointError(
+                f"{item.storage_index.fqn} is stored as {tuple(tensor.size())} but the "
+                f"model expects {tuple(target.size())}"
+            )
+        target.copy_(tensor)
+        planner.commit_tensor(item, target)
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         """The checked metadata of the folder (see :func:`read_metadata`)."""
@@ -325,7 +337,7 @@ class SafePlanner(DefaultLoadPlanner):
 
 
 class _HashedFile(io.RawIOBase):
-    """A new file written front to back, hashed as it is written (no second pass).
+    """A new file written front to back, hashed per block as it is written (no second pass).
 
     Write-back of every 16 MiB starts at once (see :mod:`paratrain.checkpoint.files`).
     ``fileno()`` flushes first, so an ``os.fsync`` on it covers every byte written so far.
@@ -334,7 +346,7 @@ class _HashedFile(io.RawIOBase):
     def __init__(self, path: Path) -> None:
         super().__init__()
         self._file = path.open("xb")
-        self._digest = new_digest(CHECKSUM)
+        self._blocks = BlockDigests()
         self._size = 0
         self._started = 0  # bytes whose write-back has been started
 
@@ -344,7 +356,7 @@ class _HashedFile(io.RawIOBase):
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
         self._file.write(view)
-        self._digest.update(view)
+        self._blocks.update(view)
         self._size += view.nbytes
         if start_writeback is not None and self._size - self._started >= _WRITEBACK_EVERY:
             self._file.flush()
@@ -367,20 +379,21 @@ class _HashedFile(io.RawIOBase):
         super().close()  # flushes first
         self._file.close()
 
-    def record(self) -> tuple[int, int]:
-        """(xxh3_64, bytes) of what was written."""
-        return self._digest.intdigest(), self._size
+    def record(self) -> FileRecord:
+        """Size and per-block checksums of what was written."""
+        blocks = self._blocks
+        return FileRecord(bytes=self._size, block_bytes=blocks.block_bytes, blocks=blocks.digests())
 
 
 _WRITEBACK_EVERY = 16 * 2**20
 
 
 class _RecordingFileSystem(FileSystem):
-    """DCP's local file system, recording (checksum, bytes) of each file it writes."""
+    """DCP's local file system, recording the size and checksums of each file it writes."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.records: dict[str, tuple[int, int]] = {}
+        self.records: dict[str, FileRecord] = {}
 
     @contextlib.contextmanager
     def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[io.IOBase]:
@@ -402,11 +415,12 @@ class _RecordingFileSystem(FileSystem):
 
 
 class RecordingWriter(FileSystemWriter):
-    """A ``FileSystemWriter`` that records the checksum and size of each file this rank writes.
+    """A ``FileSystemWriter`` that records the size and block checksums of each file this rank
+    writes.
 
     writer = RecordingWriter(folder, sync_files=True, overwrite=False)
     dcp.save(state, storage_writer=writer)
-    writer.records        # {"__0_0.distcp": (xxh3_64, bytes), ".metadata": ...}
+    writer.records        # {"__0_0.distcp": FileRecord(bytes=..., blocks=[...]), ".metadata": ...}
     """
 
     def __init__(self, path: str | os.PathLike[str], **options: Any) -> None:
@@ -414,36 +428,6 @@ class RecordingWriter(FileSystemWriter):
         self.fs: _RecordingFileSystem = _RecordingFileSystem()
 
     @property
-    def records(self) -> dict[str, tuple[int, int]]:
-        """File name (inside the folder) -> (xxh3_64, bytes), for the files this rank wrote."""
+    def records(self) -> dict[str, FileRecord]:
+        """File name (inside the folder) -> its record, for the files this rank wrote."""
         return self.fs.records
-
-
-class _MemoryFile(io.RawIOBase):
-    """A read-only, seekable file over a slice of memory (no copy)."""
-
-    def __init__(self, view: memoryview) -> None:
-        super().__init__()
-        self._view = view
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        target = memoryview(buffer).cast("B")
-        n = max(0, min(target.nbytes, len(self._view) - self._pos))
-        target[:n] = self._view[self._pos : self._pos + n]
-        self._pos += n
-        return n
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos

@@ -132,15 +132,7 @@ def file_problem(path: Path, algorithm: str, expected: int, size: int) -> str | 
     return None
 
 
-def read_verified(path: Path, algorithm: str, expected: int, size: int) -> torch.Tensor:
-    """The bytes of ``path`` as a uint8 tensor, after checking its size and checksum.
-
-    One pass over the file: reader threads, each with its own descriptor and a contiguous range
-    of the file (so the kernel reads ahead for each), fill the blocks (``os.preadv`` releases the
-    GIL) while this thread hashes them in order as they arrive. Raises :class:`CheckpointError`
-    naming the file when it is missing, resized, corrupted or unreadable; no caller sees a byte
-    of a file that failed.
-    """
+def _size_checked(path: Path, size: int) -> None:
     try:
         actual = path.stat().st_size
     except OSError as err:
@@ -149,13 +141,22 @@ def read_verified(path: Path, algorithm: str, expected: int, size: int) -> torch
         ) from None
     if actual != size:
         raise CheckpointDamagedError(f"{path.name} has {actual} bytes, expected {size}")
-    buffer = torch.empty(size, dtype=torch.uint8)
-    view = buffer.numpy().data if size else memoryview(b"")
-    blocks = [(start, min(_READ_BLOCK, size - start)) for start in range(0, size, _READ_BLOCK)]
-    done = [threading.Event() for _ in blocks]
+
+
+def _read_ranges(
+    path: Path, view: memoryview, ranges: list[tuple[int, int]], consume: Callable[[int], None]
+) -> None:
+    """Read each (start, length) of ``ranges`` into the same bytes of ``view``, calling
+    ``consume(i)`` in order as range ``i`` arrives (ranges must not overlap).
+
+    Reader threads, each with its own descriptor and a contiguous run of ranges (so the kernel
+    reads ahead for each), fill the memory (``os.preadv`` releases the GIL) while this thread
+    consumes what has arrived. A read failure raises CheckpointDamagedError naming the file.
+    """
+    done = [threading.Event() for _ in ranges]
     failures: list[BaseException] = []
-    readers = max(1, min(READ_THREADS, len(blocks) // _BLOCKS_PER_READER))
-    share = -(-len(blocks) // readers)  # contiguous runs of blocks, one per reader
+    readers = max(1, min(READ_THREADS, len(ranges) // _BLOCKS_PER_READER))
+    share = -(-len(ranges) // readers) if ranges else 0  # contiguous runs, one per reader
 
     def read(first: int) -> None:
         try:
@@ -168,16 +169,16 @@ def read_verified(path: Path, algorithm: str, expected: int, size: int) -> torch
         try:
             if hasattr(os, "posix_fadvise"):
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)  # a larger read-ahead
-            for i in range(first, min(first + share, len(blocks))):
-                start, length = blocks[i]
+            for i in range(first, min(first + share, len(ranges))):
+                start, length = ranges[i]
                 got = 0
                 while got < length:
                     n = os.preadv(fd, [view[start + got : start + length]], start + got)
                     if n <= 0:
-                        raise OSError(f"it ended after {start + got} of {size} bytes")
+                        raise OSError(f"it ended after {start + got} bytes")
                     got += n
                 done[i].set()
-        except BaseException as err:  # handed to the hashing side
+        except BaseException as err:  # handed to the consuming side
             failures.append(err)
             for event in done:
                 event.set()
@@ -189,23 +190,149 @@ def read_verified(path: Path, algorithm: str, expected: int, size: int) -> torch
     ]
     for thread in threads:
         thread.start()
-    digest = new_digest(algorithm)
-    for (start, length), event in zip(blocks, done, strict=True):
-        event.wait()
-        if failures:
-            break
-        digest.update(view[start : start + length])
-    for thread in threads:
-        thread.join()
+    try:
+        for i, event in enumerate(done):
+            event.wait()
+            if failures:
+                break
+            consume(i)
+    finally:
+        for thread in threads:
+            thread.join()
     if failures:
         failure = failures[0]
         text = (
             failure.strerror if isinstance(failure, OSError) and failure.strerror else str(failure)
         )
         raise CheckpointDamagedError(f"{path.name} cannot be read ({text})")
+
+
+def read_verified(path: Path, algorithm: str, expected: int, size: int) -> torch.Tensor:
+    """The bytes of ``path`` as a uint8 tensor, after checking its size and checksum.
+
+    One pass over the file: several threads read it while this one hashes each block as it
+    arrives. Raises :class:`CheckpointDamagedError` naming the file when it is missing, resized,
+    corrupted or unreadable; no caller sees a byte of a file that failed.
+    """
+    _size_checked(path, size)
+    buffer = torch.empty(size, dtype=torch.uint8)
+    view = buffer.numpy().data if size else memoryview(b"")
+    blocks = [(start, min(_READ_BLOCK, size - start)) for start in range(0, size, _READ_BLOCK)]
+    digest = new_digest(algorithm)
+
+    def hash_block(i: int) -> None:
+        start, length = blocks[i]
+        digest.update(view[start : start + length])
+
+    _read_ranges(path, view, blocks, hash_block)
     if digest.intdigest() != expected:
         raise CheckpointDamagedError(f"{path.name} fails its checksum (corrupted)")
     return buffer
+
+
+BLOCK_BYTES = 4 * 2**20
+"""Bytes per checksum in the files of a sharded (DCP) checkpoint: each rank reads and verifies
+only the blocks that hold what it loads (small replicated values may sit in any rank's file)."""
+
+
+class BlockDigests:
+    """XXH3-64 of every ``block_bytes`` of a stream, fed in pieces of any size.
+
+    blocks = BlockDigests()
+    blocks.update(view)                # as the bytes are written
+    blocks.digests()                   # [xxh3 of bytes 0..4 MiB, of 4..8 MiB, ..., of the rest]
+    """
+
+    def __init__(self, block_bytes: int = BLOCK_BYTES) -> None:
+        self.block_bytes = block_bytes
+        self._done: list[int] = []
+        self._digest = xxhash.xxh3_64()
+        self._filled = 0
+
+    def update(self, data: memoryview, /) -> None:
+        """Feed the next bytes."""
+        pos = 0
+        while pos < data.nbytes:
+            take = min(self.block_bytes - self._filled, data.nbytes - pos)
+            self._digest.update(data[pos : pos + take])
+            self._filled += take
+            pos += take
+            if self._filled == self.block_bytes:
+                self._done.append(self._digest.intdigest())
+                self._digest, self._filled = xxhash.xxh3_64(), 0
+
+    def digests(self) -> list[int]:
+        """One checksum per block so far (the last one may be short)."""
+        return self._done + ([self._digest.intdigest()] if self._filled else [])
+
+
+def read_blocks_verified(
+    path: Path,
+    size: int,
+    block_bytes: int,
+    digests: list[int],
+    wanted: list[tuple[int, int]] | None = None,
+) -> torch.Tensor:
+    """The bytes of ``path`` as a uint8 tensor; with ``wanted`` (start, length) ranges, only the
+    blocks that cover them are read (the rest of the tensor is left unset).
+
+    Every block read is checked against its checksum before the tensor is returned: a damaged
+    block raises :class:`CheckpointDamagedError` naming the file and the bytes.
+    """
+    _size_checked(path, size)
+    count = -(-size // block_bytes)
+    if len(digests) != count:
+        raise CheckpointDamagedError(
+            f"{path.name} lists {len(digests)} block checksums for {count} blocks"
+        )
+    if wanted is None:
+        needed = list(range(count))
+    else:
+        chosen = {
+            b
+            for start, length in wanted
+            if length > 0
+            for b in range(start // block_bytes, (start + length - 1) // block_bytes + 1)
+        }
+        needed = sorted(b for b in chosen if b < count)
+    buffer = torch.empty(size, dtype=torch.uint8)
+    view = buffer.numpy().data if size else memoryview(b"")
+    ranges = [(b * block_bytes, min(block_bytes, size - b * block_bytes)) for b in needed]
+
+    def check(i: int) -> None:
+        start, length = ranges[i]
+        if xxhash.xxh3_64_intdigest(view[start : start + length]) != digests[needed[i]]:
+            raise CheckpointDamagedError(
+                f"{path.name} fails its checksum in bytes {start}..{start + length} (corrupted)"
+            )
+
+    _read_ranges(path, view, ranges, check)
+    return buffer
+
+
+def blocks_problem(path: Path, size: int, block_bytes: int, digests: list[int]) -> str | None:
+    """What is wrong with a file checked block by block (missing, resized, corrupted), or None."""
+    try:
+        if not path.is_file():
+            return f"{path.name} is missing"
+        actual = path.stat().st_size
+        if actual != size:
+            return f"{path.name} has {actual} bytes, expected {size}"
+        blocks = BlockDigests(block_bytes)
+        with path.open("rb", buffering=0) as f:
+            view = memoryview(bytearray(min(_CHUNK, max(1, size))))
+            while n := f.readinto(view):
+                blocks.update(view[:n])
+        for i, (got, want) in enumerate(zip(blocks.digests(), digests, strict=True)):
+            if got != want:
+                start = i * block_bytes
+                end = min(size, start + block_bytes)
+                return f"{path.name} fails its checksum in bytes {start}..{end} (corrupted)"
+    except OSError as err:
+        return f"{path.name} cannot be read ({err.strerror or err})"
+    except ValueError:  # zip(strict=True): a count that does not match the size
+        return f"{path.name} lists {len(digests)} block checksums, not one per {block_bytes} bytes"
+    return None
 
 
 WRITE_THREADS = 4

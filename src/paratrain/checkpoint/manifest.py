@@ -13,33 +13,64 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 
-from paratrain.checkpoint.files import file_problem
+import torch
+
+from paratrain.checkpoint.files import (
+    blocks_problem,
+    file_problem,
+    read_blocks_verified,
+    read_verified,
+)
 from paratrain.errors import CheckpointError
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 """1: one model and optimizer; 2: named models, schedulers, objects, loader positions;
-3: XXH3-64 checksums instead of CRC32."""
+3: XXH3-64 checksums instead of CRC32; 4: DCP shards checked per block (``blocks``)."""
 MANIFEST = "manifest.json"
 
 
 @dataclass(kw_only=True, slots=True)
 class FileRecord:
-    """One file of a checkpoint: its size and one checksum."""
+    """One file of a checkpoint: its size and its checksum (one of three kinds).
+
+    record.problem(folder / name)            # None, or what is wrong with the file
+    record.read(folder / name)               # its bytes, verified (CheckpointDamagedError)
+    record.read(path, wanted=[(0, 100)])     # with blocks: only the blocks covering the ranges
+    """
 
     bytes: int
     """Size of the file."""
     xxh3_64: int | None = None
-    """xxHash XXH3-64 of the file's bytes (format 3)."""
+    """xxHash XXH3-64 of the file's bytes (formats 3 and 4)."""
     crc32: int | None = None
     """zlib CRC32 of the file's bytes (formats 1 and 2)."""
+    block_bytes: int | None = None
+    """With ``blocks``: bytes per block (format 4, DCP shards)."""
+    blocks: list[int] | None = None
+    """XXH3-64 of each ``block_bytes`` of the file, the last block possibly short."""
 
     @property
     def checksum(self) -> tuple[str, int]:
-        """(algorithm, value) for :func:`paratrain.checkpoint.files.read_verified`."""
+        """(algorithm, value) of a whole-file checksum (not for a record with ``blocks``)."""
         if self.xxh3_64 is not None:
             return "xxh3_64", self.xxh3_64
         assert self.crc32 is not None  # checked when the manifest is read
         return "crc32", self.crc32
+
+    def problem(self, path: Path) -> str | None:
+        """What is wrong with ``path`` (missing, resized, corrupted, unreadable), or None."""
+        if self.blocks is not None:
+            assert self.block_bytes is not None  # checked when the manifest is read
+            return blocks_problem(path, self.bytes, self.block_bytes, self.blocks)
+        return file_problem(path, *self.checksum, self.bytes)
+
+    def read(self, path: Path, wanted: list[tuple[int, int]] | None = None) -> torch.Tensor:
+        """The verified bytes of ``path`` (all of them, or with ``blocks`` only those covering
+        ``wanted``); CheckpointDamagedError when what was read is damaged."""
+        if self.blocks is not None:
+            assert self.block_bytes is not None
+            return read_blocks_verified(path, self.bytes, self.block_bytes, self.blocks, wanted)
+        return read_verified(path, *self.checksum, self.bytes)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -88,8 +119,13 @@ class Manifest:
         return self.per_rank_batch * self.world_size * self.grad_accum
 
     def to_json(self) -> str:
-        """The manifest as JSON text."""
-        return json.dumps({**asdict(self), "global_batch": self.global_batch}, indent=1)
+        """The manifest as JSON text (a file record's unused checksum kinds left out)."""
+        data = asdict(self)
+        data["files"] = {
+            name: {k: v for k, v in record.items() if v is not None}
+            for name, record in data["files"].items()
+        }
+        return json.dumps({**data, "global_batch": self.global_batch}, indent=1)
 
     @classmethod
     def read(cls, folder: Path) -> Manifest:
@@ -125,8 +161,7 @@ class Manifest:
         """Problems found (missing, resized or corrupted files); empty when intact."""
         problems = []
         for name, record in self.files.items():
-            algorithm, expected = record.checksum
-            problem = file_problem(folder / name, algorithm, expected, record.bytes)
+            problem = record.problem(folder / name)
             if problem:
                 problems.append(problem.replace((folder / name).name, name, 1))
         return problems
@@ -158,11 +193,27 @@ def _check_types(manifest: Manifest) -> None:
         parts = PurePosixPath(name).parts
         if not parts or name.startswith("/") or ".." in parts or "\0" in name:
             raise ValueError(f"it lists {name!r}, which is not a file inside the checkpoint")
-        for key in ("xxh3_64", "crc32", "bytes"):
+        for key in ("xxh3_64", "crc32", "bytes", "block_bytes"):
             value = getattr(record, key)
             if value is None and key != "bytes":
                 continue
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{key} of {name} is {value!r}, not an integer")
-        if (record.xxh3_64 is None) == (record.crc32 is None):
-            raise ValueError(f"{name} needs exactly one checksum (xxh3_64 or crc32)")
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise TypeError(f"{key} of {name} is {value!r}, not a whole number")
+        kinds = [k for k in ("xxh3_64", "crc32", "blocks") if getattr(record, k) is not None]
+        if len(kinds) != 1:
+            raise ValueError(f"{name} needs exactly one checksum (xxh3_64, crc32 or blocks)")
+        if record.blocks is not None:
+            _check_blocks(name, record)
+
+
+def _check_blocks(name: str, record: FileRecord) -> None:
+    blocks, size = record.blocks, record.block_bytes
+    if not isinstance(blocks, list) or not all(type(b) is int and 0 <= b < 2**64 for b in blocks):
+        raise TypeError(f"blocks of {name} is not a list of 64-bit checksums")
+    if not size:
+        raise ValueError(f"{name} lists blocks without a positive block_bytes")
+    if len(blocks) != -(-record.bytes // size):
+        raise ValueError(
+            f"{name} lists {len(blocks)} block checksums for {record.bytes} bytes "
+            f"in blocks of {size}"
+        )

@@ -45,7 +45,6 @@ from paratrain.checkpoint.dcp_io import RecordingWriter, SafePlanner, SafeReader
 from paratrain.checkpoint.files import (
     checksum_file,
     fsync_dir,
-    read_verified,
     safetensors_chunks,
     tensors_from_safetensors,
     write_bytes_durable,
@@ -282,15 +281,23 @@ class CheckpointStore:
         trainer: dict[str, Any],
         *,
         files: dict[str, list[memoryview]] | None = None,
-        records: dict[str, tuple[int, int]] | None = None,
+        records: dict[str, FileRecord] | None = None,
     ) -> None:
         """Write ``files`` and ``trainer.pt`` (all durable), then the manifest, then rename."""
         buffer = io.BytesIO()
         torch.save(trainer, buffer)
         files = {**(files or {}), "trainer.pt": [buffer.getbuffer()]}
         written = write_files_durable({tmp / name: chunks for name, chunks in files.items()})
-        records = {**(records or {}), **{name: written[tmp / name] for name in files}}
-        manifest.files = {k: FileRecord(xxh3_64=c, bytes=b) for k, (c, b) in records.items()}
+        records = {
+            **(records or {}),
+            **{
+                name: FileRecord(xxh3_64=written[tmp / name][0], bytes=written[tmp / name][1])
+                for name in files
+            },
+        }
+        manifest.files = records
+        # Checkpoints without block checksums stay readable by paratrain versions that read 3.
+        manifest.format_version = 4 if any(r.blocks is not None for r in records.values()) else 3
         manifest.created = time.time()
         write_bytes_durable(tmp / MANIFEST, manifest.to_json().encode())
         for folder in {tmp, *((tmp / name).parent for name in records)}:
@@ -378,13 +385,12 @@ class CheckpointStore:
         """
         buffers: dict[str, torch.Tensor] = {}
         for name, record in manifest.files.items():
-            algorithm, expected = record.checksum
-            if name.startswith("dcp/"):  # verified while DCP reads it (see SafeReader)
+            if name.startswith("dcp/") and name != "dcp/.metadata":  # see SafeReader
                 problem = _size_problem(folder / name, record.bytes)
                 if problem:
                     raise CheckpointDamagedError(problem)
             else:
-                buffers[name] = read_verified(folder / name, algorithm, expected, record.bytes)
+                buffers[name] = record.read(folder / name)
         return Staged(folder, manifest, buffers)
 
     def load_unit(
@@ -404,12 +410,12 @@ class CheckpointStore:
             state: dict[str, Any] = {model_stem: model_sd}
             if optim_sd:
                 state[optim_stem] = optim_sd
-            checksums = {
-                name[len("dcp/") :]: (*record.checksum, record.bytes)
+            records = {
+                name[len("dcp/") :]: record
                 for name, record in staged.manifest.files.items()
                 if name.startswith("dcp/")
             }
-            reader = SafeReader(str(folder / "dcp"), checksums)
+            reader = SafeReader(str(folder / "dcp"), records)
             try:
                 dcp_load(state, storage_reader=reader, planner=SafePlanner())
             except CheckpointException as err:
@@ -465,12 +471,12 @@ def load_trainer(folder: Path, source: Any = None) -> dict[str, Any]:
     return data
 
 
-def _records_of(folder: Path, known: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
-    """(checksum, bytes) of every file under ``folder / "dcp"``: recorded while they were
-    written (``known``), or read back for any file the writers did not record."""
+def _records_of(folder: Path, known: dict[str, FileRecord]) -> dict[str, FileRecord]:
+    """The record of every file under ``folder / "dcp"``: made while it was written
+    (``known``), or read back for any file the writers did not record."""
     found = {str(p.relative_to(folder)): p for p in (folder / "dcp").rglob("*") if p.is_file()}
     return {
-        name: known[name] if name in known else (checksum_file(path), path.stat().st_size)
+        name: known.get(name) or FileRecord(xxh3_64=checksum_file(path), bytes=path.stat().st_size)
         for name, path in sorted(found.items())
     }
 
