@@ -60,3 +60,19 @@ def test_each_async_save_holds_the_state_of_its_own_call(tmp_path: Path) -> None
         for index, entry in optim["state"].items():
             for key, value in entry.items():
                 assert torch.equal(torch.as_tensor(got_optim["state"][index][key]), value)
+
+
+def test_staging_copies_in_parallel_pieces_equal_plain_copies() -> None:
+    from paratrain.checkpoint.store import copy_in_parallel
+
+    torch.manual_seed(0)
+    sources = [
+        torch.randn(3 * 2**20 + 5),  # 12 MiB: split into pieces over threads
+        torch.randn(2048, 2048).t(),  # not contiguous: copied whole
+        torch.arange(7, dtype=torch.int64),
+        torch.randn(2**21).to(torch.bfloat16)[::2],
+    ]
+    targets = [torch.full_like(s, -1) for s in sources]
+    copy_in_parallel(list(zip(targets, sources, strict=True)))
+    for target, source in zip(targets, sources, strict=True):
+        assert torch.equal(target, source)
