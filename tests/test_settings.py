@@ -93,3 +93,21 @@ def torch_dataset() -> Any:
     import torch
 
     return torch.utils.data.TensorDataset(torch.zeros(4, 2))
+
+
+@pytest.mark.parametrize(
+    "settings,needle",
+    [
+        (dict(strategy="cpu", fsdp_offload=True), "fsdp_offload is a 'fsdp' option"),
+        (dict(strategy="cpu", comm_hook="powersgd"), "comm_hook is a 'ddp' option"),
+        (dict(strategy="cpu", powersgd_rank=2), "powersgd_rank is a 'ddp' option"),
+        (dict(powersgd_rank=0), "powersgd_rank must be a positive integer"),
+        (dict(powersgd_warmup=1), "powersgd_warmup must be an integer >= 2"),
+        (dict(fsdp_reshard_after_forward="no"), "fsdp_reshard_after_forward"),
+    ],
+)
+def test_model_parallel_options_are_checked_up_front(
+    settings: dict[str, object], needle: str
+) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        pt.Run(progress=False, **settings)  # type: ignore[arg-type]

@@ -31,7 +31,7 @@ STRATEGY_NAMES = ("cpu", "single", "dp", "ddp", "fsdp")
 PRECISIONS = ("fp32", "bf16", "fp16")
 ACCELERATORS = ("auto", "cpu", "cuda")
 BACKENDS = ("nccl", "gloo")
-COMM_HOOKS = ("fp16", "bf16")
+COMM_HOOKS = ("fp16", "bf16", "powersgd")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -91,9 +91,22 @@ class RunConfig:
     static_graph: bool = False
     """``ddp``: the set of used parameters never changes; enables extra optimisations."""
     comm_hook: str | None = None
-    """``ddp``: compress gradients to ``fp16`` or ``bf16`` for the all-reduce."""
+    """``ddp``: compress gradients for the all-reduce: ``fp16``, ``bf16``, or ``powersgd``
+    (low-rank approximation with error feedback)."""
+    powersgd_rank: int = 1
+    """``ddp`` with ``comm_hook='powersgd'``: rank of the gradient approximation (higher is
+    closer to exact and sends more)."""
+    powersgd_warmup: int = 10
+    """``ddp`` with ``comm_hook='powersgd'``: optimizer steps of exact all-reduce before
+    compression starts."""
     fsdp_wrap: ModulePolicy = ()
     """``fsdp``: module types (or a predicate) sharded as their own unit; the root always is."""
+    fsdp_reshard_after_forward: bool = True
+    """``fsdp``: free the gathered parameters after forward (gather again in backward); False
+    keeps them, trading memory for one all-gather per unit and step."""
+    fsdp_offload: bool = False
+    """``fsdp`` on GPUs: keep sharded parameters, gradients and optimizer state in host memory
+    (``CPUOffloadPolicy``); the optimizer steps on the CPU."""
     activation_checkpointing: ModulePolicy = ()
     """Module types (or a predicate) whose activations are recomputed in backward."""
     num_workers: int | None = None
@@ -271,7 +284,11 @@ _RULES: dict[str, Rule] = {
     "broadcast_buffers": FLAG,
     "static_graph": FLAG,
     "comm_hook": _choice(COMM_HOOKS, optional=True),
+    "powersgd_rank": _whole(low=1, high=1024, hint="1 to 4 is usual"),
+    "powersgd_warmup": _whole(low=2, high=2**31, hint="at least 2 steps"),
     "fsdp_wrap": POLICY,
+    "fsdp_reshard_after_forward": FLAG,
+    "fsdp_offload": FLAG,
     "activation_checkpointing": POLICY,
     "num_workers": _whole(low=0, high=1024, optional=True),
     "extra": Rule(_mapping, "dict"),

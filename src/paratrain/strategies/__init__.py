@@ -110,8 +110,14 @@ def select_strategy(config: RunConfig, topology: Topology, gpus: int | None = No
 
 # Settings that only one strategy reads, with the value that means "not used".
 _OPTIONS_OF: dict[str, dict[str, object]] = {
-    "ddp": {"comm_hook": None, "find_unused_parameters": False, "static_graph": False},
-    "fsdp": {"fsdp_wrap": ()},
+    "ddp": {
+        "comm_hook": None,
+        "find_unused_parameters": False,
+        "static_graph": False,
+        "powersgd_rank": 1,
+        "powersgd_warmup": 10,
+    },
+    "fsdp": {"fsdp_wrap": (), "fsdp_reshard_after_forward": True, "fsdp_offload": False},
     "dp": {"device_ids": None},
 }
 

@@ -2,7 +2,9 @@
 
 Options come from :class:`~paratrain.config.RunConfig`: ``sync_batchnorm`` (GPUs only: torch's
 SyncBatchNorm has no CPU kernel), ``find_unused_parameters``, ``broadcast_buffers``,
-``static_graph`` and ``comm_hook`` (``fp16``/``bf16`` gradient compression).
+``static_graph`` and ``comm_hook``: ``fp16``/``bf16`` gradient compression, or ``powersgd``
+(PowerSGD: each bucket's gradient sent as a rank-``powersgd_rank`` product, the error carried
+into the next step; the first ``powersgd_warmup`` steps all-reduce exactly).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from torch import nn
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel
 
@@ -58,6 +60,13 @@ class DDPStrategy(Strategy):
                 "sync_batchnorm (each rank then normalises over its own per-rank batch) or train "
                 "on GPUs."
             )
+        powersgd_set = (config.powersgd_rank, config.powersgd_warmup) != (1, 10)
+        if powersgd_set and config.comm_hook != "powersgd":
+            raise ConfigError(
+                "powersgd_rank / powersgd_warmup are set but comm_hook is "
+                f"{config.comm_hook!r}: they only apply to comm_hook='powersgd'. Add "
+                "comm_hook='powersgd', or drop them."
+            )
 
     def wrap(self, model: nn.Module) -> nn.Module:
         return self._wrap(model, split=False)
@@ -78,7 +87,14 @@ class DDPStrategy(Strategy):
             **_buffer_sync(self.config.broadcast_buffers),
             static_graph=self.config.static_graph,
         )
-        if self.config.comm_hook is not None:
+        if self.config.comm_hook == "powersgd":
+            state = powerSGD_hook.PowerSGDState(
+                process_group=None,
+                matrix_approximation_rank=self.config.powersgd_rank,
+                start_powerSGD_iter=self.config.powersgd_warmup,
+            )
+            ddp.register_comm_hook(state=state, hook=powerSGD_hook.powerSGD_hook)
+        elif self.config.comm_hook is not None:
             ddp.register_comm_hook(state=None, hook=_HOOKS[self.config.comm_hook])
         return ddp
 

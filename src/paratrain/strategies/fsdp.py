@@ -5,6 +5,12 @@ its blocks), and the root module always is one. Works on CPU ranks over gloo as 
 FSDP2 shards each rank's local copy; ``wrap`` first broadcasts rank 0's initial weights so the
 copies agree. Buffers (BatchNorm statistics) stay per rank while training and are averaged over
 ranks before each evaluation pass and each save.
+
+``precision="bf16"`` uses FSDP2's ``MixedPrecisionPolicy``: parameters are all-gathered and
+computed in bf16 (half the traffic and memory of the gathered copy), gradients reduced in fp32,
+and the sharded fp32 parameters stay the optimizer's; autocast still runs the forward pass, so
+losses and softmaxes stay in fp32 as with the other strategies. ``fsdp_reshard_after_forward``
+and ``fsdp_offload`` (``CPUOffloadPolicy``, GPUs only) are passed to every ``fully_shard``.
 """
 
 from __future__ import annotations
@@ -17,7 +23,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
 
 from paratrain.config import RunConfig
 from paratrain.errors import ConfigError
@@ -38,6 +50,11 @@ class FSDPStrategy(Strategy):
     def check(cls, config: RunConfig, topology: Topology, accelerator: str, gpus: int) -> None:
         super().check(config, topology, accelerator, gpus)
         check_ranks_fit_gpus(cls.name, topology, accelerator, gpus)
+        if config.fsdp_offload and accelerator != "cuda":
+            raise ConfigError(
+                "fsdp_offload=True on CPU ranks: it moves sharded state from GPU memory to host "
+                "memory, where CPU ranks keep it already. Drop fsdp_offload, or train on GPUs."
+            )
 
     def wrap(self, model: nn.Module) -> nn.Module:
         if self.config.sync_batchnorm:
@@ -48,9 +65,18 @@ class FSDPStrategy(Strategy):
         for tensor in [*model.parameters(), *model.buffers()]:
             dist.broadcast(tensor.data, src=0)
         mesh = init_device_mesh(self.device.type, (self.topology.world_size,))
+        options: dict[str, Any] = {
+            "mesh": mesh,
+            "reshard_after_forward": self.config.fsdp_reshard_after_forward,
+            "offload_policy": CPUOffloadPolicy() if self.config.fsdp_offload else OffloadPolicy(),
+        }
+        if self.config.precision == "bf16":
+            options["mp_policy"] = MixedPrecisionPolicy(
+                param_dtype=torch.bfloat16, reduce_dtype=torch.float32
+            )
         for module in selected(model, self.config.fsdp_wrap):
-            fully_shard(module, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+            fully_shard(module, **options)
+        fully_shard(model, **options)
         return model
 
     @contextlib.contextmanager
