@@ -394,14 +394,18 @@ class CheckpointStore:
         checked for presence and size here: :meth:`load_unit` verifies each as DCP reads it,
         before any of its bytes are used. Raises CheckpointDamagedError for a damaged file.
         """
-        buffers: dict[str, torch.Tensor] = {}
+        whole = []
         for name, record in manifest.files.items():
             if name.startswith("dcp/") and name != "dcp/.metadata":  # see SafeReader
                 problem = _size_problem(folder / name, record.bytes)
                 if problem:
                     raise CheckpointDamagedError(problem)
             else:
-                buffers[name] = record.read(folder / name)
+                whole.append(name)
+        # All files at once: on a cold cache the disk then has several files' reads queued.
+        with ThreadPoolExecutor(max(1, min(4, len(whole)))) as pool:
+            read = pool.map(lambda name: manifest.files[name].read(folder / name), whole)
+            buffers = dict(zip(whole, read, strict=True))
         return Staged(folder, manifest, buffers)
 
     def load_unit(
