@@ -13,6 +13,7 @@ from paratrain.bench.models import MODELS, build_spec
 from paratrain.bench.report import markdown_table
 from paratrain.bench.runner import make_plan
 from paratrain.cli import main
+from tests.support.distributed import run_distributed
 from tests.support.images import png_size
 
 
@@ -41,6 +42,7 @@ def test_plan_skips_what_this_machine_cannot_run() -> None:
         (["--precision", "fp8"], "comma list of: fp32, bf16, fp16"),
         (["--model", "nosuchmodule:factory"], "cannot import"),
         (["--steps", "0"], "argument --steps: 0 must be from 1 to 1000000"),
+        (["--compare", "deepspeed"], "comma list of: accelerate, fabric"),
     ],
 )
 def test_bad_input(args: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -167,3 +169,142 @@ def test_the_median_interval_is_seeded_and_brackets_the_median() -> None:
     assert (low, high) == median_interval(ratios)  # every rank computes the same
     assert low <= statistics.median(ratios) <= high and high - low < 0.06
     assert median_interval([1.0] * 6) == (1.0, 1.0)
+
+
+@pytest.mark.dist
+def test_peers_are_measured_in_the_same_rounds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(
+        [
+            "bench",
+            *("--model", "mlp", "--width", "16", "--depth", "1", "--strategies", "ddp"),
+            *("--nproc", "1,2", "--steps", "3", "--warmup", "1", "--rounds", "3"),
+            *("--budget", "2", "--spread", "1", "--batch-size", "8"),
+            *("--compare", "accelerate,fabric"),
+            *("--run-dir", str(tmp_path)),
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0 and "| accelerate/reference |" in out and "| fabric/reference |" in out
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert data["meta"]["settings"]["compare"] == ["accelerate", "fabric"]
+    for row in data["results"]:
+        assert row["overhead_ratio"] > 0 and row["pairs"] >= 3  # paratrain's keys stay
+        assert set(row["peers"]) == {"accelerate", "fabric"}
+        for name, peer in row["peers"].items():
+            assert peer["samples_per_s"] > 0, (name, row["nproc"])
+            assert 0.01 < peer["ratio_low"] <= peer["ratio"] <= peer["ratio_high"] < 100, name
+    width, _ = png_size(tmp_path / "throughput_vs_ranks.png")
+    assert width > 400
+
+
+def _distance_to_reference(nproc: int, steps: int) -> dict[str, float]:
+    """Every loop's largest parameter difference to the reference after ``steps`` steps."""
+    import contextlib
+
+    from paratrain.bench.measure import Config, Settings, paratrain_loop, reference_loop
+    from paratrain.bench.peers import PEERS, start_peers
+
+    spec = build_spec("mlp", width=16, depth=1)
+    settings = Settings(batch_size=4, steps=1, warmup=1, rounds=1, data="synthetic")
+    config = Config("ddp", "fp32", nproc)
+    with contextlib.ExitStack() as stack:
+        ours = paratrain_loop(spec, config, settings)
+        stack.callback(ours.close)
+        ref = reference_loop(spec, config, settings)
+        peers, skipped = start_peers(PEERS, spec, config, settings, stack)  # 1 warm-up step
+        assert not skipped, skipped
+        for loop in (ours, ref):
+            loop.step(*next(loop.batches))
+        loops = {"paratrain": ours, **peers}
+        for loop in (ref, *loops.values()):
+            for _ in range(steps):
+                loop.step(*next(loop.batches))
+        torch.manual_seed(0)
+        start = list(spec.build().parameters())
+        want = [p.detach() for p in ref.parameters()]
+        distances = {
+            name: max(
+                (p.detach() - w).abs().max().item()
+                for p, w in zip(loop.parameters(), want, strict=True)
+            )
+            for name, loop in loops.items()
+        }
+        distances["reference moved"] = max(
+            (w - s).abs().max().item() for w, s in zip(want, start, strict=True)
+        )
+        return distances
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_peers_train_the_same_model_as_the_reference(nproc: int) -> None:
+    for distances in run_distributed(_distance_to_reference, nproc, nproc, 3):
+        assert distances.pop("reference moved") > 1e-4  # the steps did change the weights
+        assert distances.keys() == {"paratrain", "accelerate", "fabric"}
+        assert all(d <= 1e-6 for d in distances.values()), distances
+
+
+def test_a_missing_peer_package_is_named_before_any_rank_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    gone = {"lightning", "lightning_fabric"}
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name in gone else real(name, *a)
+    )
+    run_dir = tmp_path / "run"
+    with pytest.raises(SystemExit) as info:
+        main(["bench", "--compare", "accelerate,fabric", "--run-dir", str(run_dir)])
+    err = capsys.readouterr().err.replace("\n", " ")
+    assert info.value.code == 2 and "Traceback" not in err
+    assert "--compare fabric needs lightning-fabric" in err
+    assert "pip install 'paratrain[bench]'" in err and not run_dir.exists()
+
+
+def test_peers_say_which_configurations_they_cannot_run() -> None:
+    from paratrain.bench.measure import Config, Settings
+    from paratrain.bench.peers import PeerSkipped, accelerate_loop, fabric_loop
+
+    spec = build_spec("mlp", width=16, depth=1)
+    settings = Settings(batch_size=4, steps=1, warmup=1, rounds=1, data="synthetic")
+    with pytest.raises(PeerSkipped, match=r"no nn\.DataParallel mode"):
+        accelerate_loop(spec, Config("dp", "fp32", 1), settings)
+    if not torch.cuda.is_available():
+        with pytest.raises(PeerSkipped, match="FSDP only on GPUs"):
+            fabric_loop(spec, Config("fsdp", "fp32", 2), settings)
+        with pytest.raises(PeerSkipped, match="no fp16 mixed precision on CPU"):
+            fabric_loop(spec, Config("cpu", "fp16", 1), settings)
+
+
+def test_peer_columns_appear_only_when_peers_were_compared() -> None:
+    row = {
+        "strategy": "ddp",
+        "precision": "fp32",
+        "nproc": 2,
+        "samples_per_s": 100.0,
+        "reference_samples_per_s": 101.0,
+        "overhead_ratio": 1.01,
+        "ratio_low": 1.0,
+        "ratio_high": 1.02,
+        "step_ms_p50": 1.0,
+        "step_ms_p90": 1.2,
+        "peak_memory_mb": [50.0, 50.0],
+    }
+    assert "reference |" not in markdown_table([row]).splitlines()[0].split("interval)")[1]
+    peers = {
+        "accelerate": {"skipped": "no FSDP on cpu"},
+        "fabric": {
+            "samples_per_s": 90.0,
+            "ratio": 0.891,
+            "ratio_low": 0.85,
+            "ratio_high": 0.93,
+            "noisy": True,
+        },
+    }
+    table = markdown_table([{**row, "peers": peers}])
+    assert "| accelerate samples/s | accelerate/reference | fabric samples/s |" in table
+    assert "| skipped: no FSDP on cpu |  | 90.0 | 0.891 (0.850–0.930) too noisy |" in table

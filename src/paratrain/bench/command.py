@@ -4,6 +4,7 @@
     paratrain bench --model resnet --depth 50 --image-size 224 --strategies single \
         --precision bf16 --batch-size 64                      # ResNet-50 on one GPU
     paratrain bench --model my_pkg.models:factory --nproc 1,2,4 --profile
+    paratrain bench --strategies ddp --compare accelerate,fabric   # the same rounds, 4 loops
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 from paratrain.bench import report
 from paratrain.bench.measure import Settings
 from paratrain.bench.models import build_spec, check_model
+from paratrain.bench.peers import PEERS, check_installed
 from paratrain.bench.runner import make_plan, run_plan
 from paratrain.cli_types import float_in, int_in, int_list
 from paratrain.config import PRECISIONS
@@ -69,6 +71,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         default=60.0,
         help="seconds per configuration before the result is marked too noisy",
     )
+    p.add_argument(
+        "--compare",
+        default=None,
+        help="comma list of accelerate, fabric: their loops measured in the same rounds",
+    )
     p.add_argument("--data", choices=("synthetic", "loader"), default="synthetic")
     p.add_argument("--run-dir", type=Path, default=None)
     p.add_argument("--no-plot", action="store_true")
@@ -87,7 +94,7 @@ def _list(value: str, name: str, allowed: tuple[str, ...]) -> list[str]:
     return items
 
 
-def _parse(args: argparse.Namespace) -> tuple[list[str], list[str], list[int]]:
+def _parse(args: argparse.Namespace) -> tuple[list[str], list[str], list[int], list[str]]:
     gpus = torch.cuda.device_count()
     default = "single,ddp,fsdp" if gpus else "cpu,ddp,fsdp"
     strategies = _list(
@@ -95,7 +102,10 @@ def _parse(args: argparse.Namespace) -> tuple[list[str], list[str], list[int]]:
     )
     precisions = _list(args.precision, "precision", PRECISIONS)
     nprocs: list[int] = args.nproc or [1, 2]  # flags are range-checked by cli_types
-    return strategies, precisions, nprocs
+    compare = (
+        [] if args.compare is None else list(dict.fromkeys(_list(args.compare, "compare", PEERS)))
+    )
+    return strategies, precisions, nprocs, compare
 
 
 def model_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -125,9 +135,10 @@ def flops_per_sample(margs: dict[str, Any]) -> float:
 
 def run_bench(args: argparse.Namespace) -> int:
     """Measure the matrix, print the table, write JSON and plots."""
-    strategies, precisions, nprocs = _parse(args)
+    strategies, precisions, nprocs, compare = _parse(args)
+    check_installed(compare)  # before any rank starts
     margs = model_args(args)
-    check_model(build_spec(**margs), args.batch_size)  # before any rank starts
+    check_model(build_spec(**margs), args.batch_size)
     settings = Settings(
         batch_size=args.batch_size,
         steps=args.steps,
@@ -136,6 +147,7 @@ def run_bench(args: argparse.Namespace) -> int:
         data=args.data,
         budget_s=args.budget,
         spread=args.spread,
+        compare=tuple(compare),
     )
     run_dir = args.run_dir or Path("runs/bench") / time.strftime("%Y%m%d-%H%M%S")
     make_folder(run_dir, "--run-dir")

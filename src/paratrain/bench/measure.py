@@ -9,6 +9,12 @@ data) and run in alternating blocks of ``steps`` steps, the order swapped every 
 of blocks gives one ratio, so the machine's drifts hit both sides of it alike. Pairs are added
 until the bootstrap 95 % interval of the median ratio is within ``±spread`` of it (at least
 ``rounds`` pairs), or until ``budget_s`` is spent: then the result is marked noisy.
+
+With ``Settings.compare`` (``("accelerate", "fabric")``) the peers' loops join the same rounds:
+each round runs every loop for one block, round ``r`` starting at loop ``r % n`` so that every
+loop takes every position equally, and each peer gets its own ratio against the same reference
+blocks. The stopping rule looks at paratrain's ratio only; a peer's interval is reported as it
+came out of those rounds.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -58,6 +64,8 @@ class Settings:
     """Seconds of paired blocks per configuration before giving up on ``spread``."""
     spread: float = 0.03
     """Wanted half-width of the median ratio's 95 % interval, relative to the median."""
+    compare: tuple[str, ...] = ()
+    """Peers measured in the same rounds: ``accelerate``, ``fabric`` (see ``bench.peers``)."""
 
 
 @dataclass
@@ -68,6 +76,8 @@ class Loop:
     batches: Iterator[tuple[Any, torch.Tensor]]
     device: torch.device
     close: Callable[[], None]
+    parameters: Callable[[], list[torch.Tensor]] = field(default=list)
+    """The model's parameters in module order (for checking that loops trained alike)."""
 
 
 def _device() -> torch.device:
@@ -128,6 +138,7 @@ def paratrain_loop(spec: ModelSpec, config: Config, settings: Settings) -> Loop:
         batches=_batches(spec, settings, run.device, loader, run.epochs(2**62)),
         device=run.device,
         close=run.close,
+        parameters=lambda: list(model.parameters()),
     )
 
 
@@ -189,7 +200,13 @@ def reference_loop(spec: ModelSpec, config: Config, settings: Settings) -> Loop:
             loss.backward()  # type: ignore[no-untyped-call]
             optimizer.step()
 
-    return Loop(step, _batches(spec, settings, device, loader), device, lambda: None)
+    return Loop(
+        step,
+        _batches(spec, settings, device, loader),
+        device,
+        lambda: None,
+        lambda: list(model.parameters()),
+    )
 
 
 def _timed_steps(loop: Loop, steps: int) -> list[float]:
@@ -207,7 +224,9 @@ def _agreed(values: list[float]) -> list[float]:
     """``values``, each the maximum over ranks (every rank then decides alike)."""
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return values
-    box = torch.tensor(values, dtype=torch.float64)
+    # nccl reduces device tensors only; gloo takes CPU ones.
+    on = _device() if dist.get_backend() == "nccl" else torch.device("cpu")
+    box = torch.tensor(values, dtype=torch.float64, device=on)
     dist.all_reduce(box, op=dist.ReduceOp.MAX)
     return [float(v) for v in box.tolist()]
 
@@ -222,58 +241,105 @@ def median_interval(ratios: list[float], *, resamples: int = 2000) -> tuple[floa
 
 
 def measure_config(spec: ModelSpec, config: Config, settings: Settings) -> dict[str, Any]:
-    """Paired blocks of both loops until the ratio is known to ``±spread``; throughput,
-    step-time quantiles, memory, the median ratio with its interval, and a noisy flag."""
+    """Rounds of blocks of every loop until paratrain's ratio is known to ``±spread``.
+
+    Returns throughput, step-time quantiles, memory, the median ratio with its interval, a
+    noisy flag and, with ``settings.compare``, ``peers``: each peer's throughput and ratio.
+    """
     device = _device()
     reset_peak_memory(device)
-    ours = paratrain_loop(spec, config, settings)
-    try:
+    with contextlib.ExitStack() as stack:
+        ours = paratrain_loop(spec, config, settings)
+        stack.callback(ours.close)
         _timed_steps(ours, settings.warmup)
         memory = peak_memory_mb(device)  # paratrain's loop alone, before the reference exists
         ref = reference_loop(spec, config, settings)
         _timed_steps(ref, settings.warmup)
-        pairs: list[tuple[float, float]] = []
-        step_times: list[float] = []
-        start = time.perf_counter()
-        noisy = False
-        while True:
-            first, second = (ours, ref) if len(pairs) % 2 == 0 else (ref, ours)
-            a = _timed_steps(first, settings.steps)
-            b = _timed_steps(second, settings.steps)
-            mine, theirs = (a, b) if first is ours else (b, a)
-            step_times += mine
-            t_ours, t_ref, elapsed = _agreed([sum(mine), sum(theirs), time.perf_counter() - start])
-            pairs.append((t_ours, t_ref))
-            if len(pairs) < max(2, settings.rounds):
-                continue
-            ratios = [r / o for o, r in pairs]
-            low, high = median_interval(ratios)
-            if (high - low) / 2 <= settings.spread * statistics.median(ratios):
-                break
-            if elapsed >= settings.budget_s or len(pairs) >= _MAX_PAIRS:
-                noisy = True
-                break
-    finally:
-        ours.close()
+        peers: dict[str, Loop] = {}
+        skipped: dict[str, str] = {}
+        if settings.compare:
+            from paratrain.bench.peers import start_peers
+
+            peers, skipped = start_peers(settings.compare, spec, config, settings, stack)
+        rounds, step_times, noisy = _rounds([ours, ref, *peers.values()], settings)
     world = dist.get_world_size() if dist.is_initialized() else 1
     per_step = settings.batch_size * world * settings.steps
+    low, high = median_interval([t[1] / t[0] for t in rounds])
     step_times.sort()
-    memories = [memory]
-    if dist.is_initialized() and world > 1:
-        memories = [0.0] * world
-        dist.all_gather_object(memories, memory)
-    return {
-        "samples_per_s": statistics.median(per_step / o for o, _ in pairs),
-        "reference_samples_per_s": statistics.median(per_step / r for _, r in pairs),
-        "overhead_ratio": statistics.median(ratios),
+    result: dict[str, Any] = {
+        "samples_per_s": statistics.median(per_step / t[0] for t in rounds),
+        "reference_samples_per_s": statistics.median(per_step / t[1] for t in rounds),
+        "overhead_ratio": statistics.median(t[1] / t[0] for t in rounds),
         "ratio_low": low,
         "ratio_high": high,
-        "pairs": len(pairs),
+        "pairs": len(rounds),
         "noisy": noisy,
         "step_ms_p50": 1000 * step_times[len(step_times) // 2],
         "step_ms_p90": 1000 * step_times[min(len(step_times) - 1, int(len(step_times) * 0.9))],
-        "peak_memory_mb": memories,
+        "peak_memory_mb": _gathered(memory),
     }
+    if settings.compare:
+        result["peers"] = {
+            name: _peer_stats(rounds, 2 + list(peers).index(name), per_step, settings.spread)
+            if name in peers
+            else {"skipped": skipped[name]}
+            for name in settings.compare
+        }
+    return result
+
+
+def _rounds(loops: list[Loop], settings: Settings) -> tuple[list[list[float]], list[float], bool]:
+    """Block times per round (one per loop, the maximum over ranks), loop 0's step times, and
+    whether the budget ran out before the ratio of loop 1 to loop 0 was known to ``±spread``.
+
+    Round ``r`` runs the loops starting at index ``r % len(loops)``.
+    """
+    rounds: list[list[float]] = []
+    step_times: list[float] = []
+    start = time.perf_counter()
+    while True:
+        times = [0.0] * len(loops)
+        for k in range(len(loops)):
+            i = (len(rounds) + k) % len(loops)
+            block = _timed_steps(loops[i], settings.steps)
+            times[i] = sum(block)
+            if i == 0:
+                step_times += block
+        *agreed, elapsed = _agreed([*times, time.perf_counter() - start])
+        rounds.append(agreed)
+        if len(rounds) < max(2, settings.rounds):
+            continue
+        ratios = [t[1] / t[0] for t in rounds]
+        low, high = median_interval(ratios)
+        if (high - low) / 2 <= settings.spread * statistics.median(ratios):
+            return rounds, step_times, False
+        if elapsed >= settings.budget_s or len(rounds) >= _MAX_PAIRS:
+            return rounds, step_times, True
+
+
+def _peer_stats(
+    rounds: list[list[float]], index: int, per_step: int, spread: float
+) -> dict[str, Any]:
+    """A peer's throughput and its ratio to the reference (reference time ÷ peer time)."""
+    ratios = [t[1] / t[index] for t in rounds]
+    median = statistics.median(ratios)
+    low, high = median_interval(ratios)
+    return {
+        "samples_per_s": statistics.median(per_step / t[index] for t in rounds),
+        "ratio": median,
+        "ratio_low": low,
+        "ratio_high": high,
+        "noisy": (high - low) / 2 > spread * median,
+    }
+
+
+def _gathered(memory: float) -> list[float]:
+    """``memory`` of every rank, in rank order."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return [memory]
+    memories: list[float] = [0.0] * dist.get_world_size()
+    dist.all_gather_object(memories, memory)
+    return memories
 
 
 _MAX_PAIRS = 400

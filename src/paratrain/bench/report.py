@@ -3,6 +3,9 @@
 print(markdown_table(rows))
 write_json(run_dir / "bench.json", rows, meta)
 plot(rows, run_dir)        # throughput_vs_ranks.png, memory_per_rank.png
+
+Rows measured with ``--compare`` carry ``peers``; the table then gains each peer's samples/s
+and its ratio to the same reference, and the throughput plot a dotted line per peer.
 """
 
 from __future__ import annotations
@@ -27,11 +30,42 @@ COLUMNS = (
 )
 
 
-def _cells(row: dict[str, Any]) -> list[str]:
+_PEER_MARKERS = {"accelerate": "^", "fabric": "s"}
+
+
+def peer_names(rows: list[dict[str, Any]]) -> list[str]:
+    """The peers compared in any row, in the order they were asked for."""
+    names: dict[str, None] = {}
+    for row in rows:
+        names.update(dict.fromkeys(row.get("peers", {})))
+    return list(names)
+
+
+def _columns(peers: list[str]) -> list[str]:
+    extra = [c for name in peers for c in (f"{name} samples/s", f"{name}/reference")]
+    return [*COLUMNS, *extra]
+
+
+def _cells(row: dict[str, Any], peers: list[str]) -> list[str]:
     head = [row["strategy"], row["precision"], str(row["nproc"])]
     if "samples_per_s" not in row:
         reason = row.get("skipped") or row.get("error") or "no result"
-        return head + [f"skipped: {reason}"] + [""] * (len(COLUMNS) - 4)
+        return head + [f"skipped: {reason}"] + [""] * (len(_columns(peers)) - 4)
+    return _own_cells(row, head) + [c for name in peers for c in _peer_cells(row, name)]
+
+
+def _peer_cells(row: dict[str, Any], name: str) -> list[str]:
+    """``[samples/s, ratio (interval)]`` of one peer, or why it was skipped."""
+    peer = row.get("peers", {}).get(name)
+    if peer is None:
+        return ["", ""]
+    if "samples_per_s" not in peer:
+        return [f"skipped: {peer.get('skipped', 'no result')}", ""]
+    text = f"{peer['ratio']:.3f} ({peer['ratio_low']:.3f}–{peer['ratio_high']:.3f})"
+    return [f"{peer['samples_per_s']:.1f}", text + (" too noisy" if peer.get("noisy") else "")]
+
+
+def _own_cells(row: dict[str, Any], head: list[str]) -> list[str]:
     eff = row.get("scaling_efficiency")
     return [
         *head,
@@ -56,9 +90,11 @@ def _ratio(row: dict[str, Any]) -> str:
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
-    """One line per configuration; skipped ones say why."""
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(_cells(r)) + " |" for r in rows]
+    """One line per configuration; skipped ones say why. Peers' columns only when compared."""
+    peers = peer_names(rows)
+    columns = _columns(peers)
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_cells(r, peers)) + " |" for r in rows]
     return "\n".join(lines)
 
 
@@ -97,8 +133,9 @@ def plot(rows: list[dict[str, Any]], out_dir: Path, title: str) -> list[Path]:
             color=line.get_color(),
             alpha=0.6,
         )
+        _plot_peers(ax, items, line.get_color())
     ax.set_xticks(sorted({r["nproc"] for r in ok}))
-    ax.set(xlabel="ranks", ylabel="samples/s", title=f"{title}\n(dashed: hand-written loop)")
+    ax.set(xlabel="ranks", ylabel="samples/s", title=f"{title}\n{_plot_key(rows)}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     throughput = out_dir / "throughput_vs_ranks.png"
@@ -119,3 +156,23 @@ def plot(rows: list[dict[str, Any]], out_dir: Path, title: str) -> list[Path]:
     fig.savefig(memory, dpi=110)
     plt.close(fig)
     return [throughput, memory]
+
+
+def _plot_peers(ax: Any, items: list[dict[str, Any]], color: Any) -> None:
+    """A dotted line per peer that ran at some rank count of this series."""
+    for name in peer_names(items):
+        points = [
+            (r["nproc"], r["peers"][name]["samples_per_s"])
+            for r in items
+            if "samples_per_s" in r.get("peers", {}).get(name, {})
+        ]
+        if points:
+            xs, ys = zip(*points, strict=True)
+            marker = _PEER_MARKERS.get(name, "x")
+            ax.plot(xs, ys, linestyle=":", marker=marker, color=color, alpha=0.8)
+
+
+def _plot_key(rows: list[dict[str, Any]]) -> str:
+    peers = [f"{name} {_PEER_MARKERS.get(name, 'x')}" for name in peer_names(rows)]
+    dotted = f"; dotted: {', '.join(peers)}" if peers else ""
+    return f"(dashed: hand-written loop{dotted})"
