@@ -288,13 +288,12 @@ def read_blocks_verified(
     if wanted is None:
         needed = list(range(count))
     else:
-        chosen = {
-            b
-            for start, length in wanted
-            if length > 0
-            for b in range(start // block_bytes, (start + length - 1) // block_bytes + 1)
-        }
-        needed = sorted(b for b in chosen if b < count)
+        chosen: set[int] = set()
+        for start, length in wanted:
+            first, end = max(0, start), min(size, start + length)  # only bytes of the file
+            if end > first:
+                chosen.update(range(first // block_bytes, (end - 1) // block_bytes + 1))
+        needed = sorted(chosen)
     buffer = torch.empty(size, dtype=torch.uint8)
     view = buffer.numpy().data if size else memoryview(b"")
     ranges = [(b * block_bytes, min(block_bytes, size - b * block_bytes)) for b in needed]

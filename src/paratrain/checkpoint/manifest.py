@@ -148,6 +148,10 @@ class Manifest:
             raw["files"] = {k: FileRecord(**v) for k, v in files.items()}
             manifest = cls(**raw)
             _check_types(manifest)
+        except RecursionError:
+            raise CheckpointError(
+                f"{path} is corrupt (nested too deeply to be a manifest). Use another checkpoint."
+            ) from None
         except (OSError, ValueError, TypeError) as err:
             raise CheckpointError(f"{path} is corrupt ({err}). Use another checkpoint.") from None
         if manifest.format_version > FORMAT_VERSION:

@@ -216,15 +216,25 @@ def resume(
             "run.resume() needs the model: call run.setup(model, optimizer) first. To read a "
             "checkpoint's extras before building the model, use run.latest_checkpoint()."
         )
+    half_loaded: list[Path] = []
     for staged, manifest in _newest_intact(store, warn):
         trainer = staged.trainer()
         try:
             _restore_units(pieces, store, staged, manifest, trainer, warn)
         except CheckpointDamagedError as err:  # a DCP shard, verified as it was loaded
             warn(f"skipping {staged.folder}: {err}")
+            half_loaded.append(staged.folder)  # files that verified were loaded already
             continue
         break
     else:
+        if half_loaded:
+            raise CheckpointError(
+                f"No intact checkpoint in {store.directory}. The damage in "
+                f"{', '.join(str(f) for f in half_loaded)} was found while loading it, after "
+                "some of its shards had already reached the model and optimizer, so this run "
+                "cannot start fresh from its own weights. Move the damaged checkpoint(s) out "
+                "of the folder and restart: the run then starts fresh."
+            )
         say(f"paratrain: no checkpoint in {store.directory}; starting fresh")
         return None
     folder = staged.folder

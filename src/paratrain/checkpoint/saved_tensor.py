@@ -21,7 +21,7 @@ import struct
 import sys
 import zipfile
 from collections import OrderedDict
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 
@@ -60,15 +60,28 @@ class _Unsupported(Exception):
     """Something a plain saved tensor does not contain: leave it to torch.load."""
 
 
-class _Stored:
+class _Frozen:
+    """No attributes set from the pickle (BUILD), which would bypass the checks below."""
+
+    __slots__ = ()
+
+    def __setstate__(self, state: object) -> None:
+        raise _Unsupported("state set by the pickle")
+
+
+class _Stored(_Frozen):
     """A storage named by the pickle: its data record key and dtype (None: untyped bytes)."""
+
+    __slots__ = ("dtype", "key")
 
     def __init__(self, key: str, dtype: torch.dtype | None) -> None:
         self.key, self.dtype = key, dtype
 
 
-class _Layout:
+class _Layout(_Frozen):
     """What the pickle says the tensor is: storage, offset (elements), size and stride."""
+
+    __slots__ = ("offset", "size", "stored", "stride")
 
     def __init__(
         self, stored: _Stored, offset: int, size: tuple[int, ...], stride: tuple[int, ...]
@@ -76,8 +89,11 @@ class _Layout:
         self.stored, self.offset, self.size, self.stride = stored, offset, size, stride
 
 
+_LIMIT = 2**62  # beyond any real tensor; keeps every product below int64 overflow checks
+
+
 def _ints(value: object) -> tuple[int, ...]:
-    if not isinstance(value, tuple) or not all(type(v) is int and v >= 0 for v in value):
+    if not isinstance(value, tuple) or not all(type(v) is int and 0 <= v < _LIMIT for v in value):
         raise _Unsupported("size or stride")
     return value
 
@@ -91,8 +107,10 @@ def _rebuild_v2(
     hooks: object,
     metadata: object = None,
 ) -> _Layout:
-    if not isinstance(stored, _Stored) or stored.dtype is None or type(offset) is not int:
+    if not isinstance(stored, _Stored) or stored.dtype is None:
         raise _Unsupported("storage")
+    if type(offset) is not int or not 0 <= offset < _LIMIT:
+        raise _Unsupported("storage offset")
     if hooks or metadata:
         raise _Unsupported("hooks or metadata")
     return _Layout(stored, offset, _ints(size), _ints(stride))
@@ -142,8 +160,8 @@ class _TensorUnpickler(pickle.Unpickler):
         if (module, name) == ("torch.storage", "UntypedStorage"):
             return None  # untyped: the dtype comes with _rebuild_tensor_v3
         value = getattr(torch, name, None) if module == "torch" else None
-        if isinstance(value, torch.dtype):
-            return value
+        if isinstance(value, torch.dtype) and str(value) == f"torch.{name}":
+            return value  # canonical names only, as torch.load's allow-list
         if module == "torch" and name in _STORAGE_DTYPES:
             return _STORAGE_DTYPES[name]  # torch.FloatStorage and friends: only the dtype counts
         raise _Unsupported(f"{module}.{name}")
@@ -167,8 +185,8 @@ def _record(archive: zipfile.ZipFile, view: memoryview, name: str) -> tuple[int,
         raise _Unsupported("local header")
     name_len, extra_len = struct.unpack("<HH", header[26:30])
     start = info.header_offset + 30 + name_len + extra_len
-    if start + info.file_size > len(view):
-        raise _Unsupported("record beyond the end")
+    if info.header_offset < 0 or start < 0 or start + info.file_size > len(view):
+        raise _Unsupported("record outside the archive")
     return start, info.file_size
 
 
@@ -176,6 +194,8 @@ def _layout(view: memoryview) -> tuple[_Layout, int, int]:
     """The pickled layout and (offset, bytes) of its storage's record."""
     archive = zipfile.ZipFile(MemoryFile(view))
     names = archive.namelist()
+    if len(names) != len(set(names)):
+        raise _Unsupported("duplicate records")  # which one wins differs between readers
     pickles = [n for n in names if n.endswith("/data.pkl")]
     if len(pickles) != 1:
         raise _Unsupported("archive")
@@ -190,17 +210,40 @@ def _layout(view: memoryview) -> tuple[_Layout, int, int]:
     return layout, *_record(archive, view, f"{prefix}data/{layout.stored.key}")
 
 
+_INTEGERS = {
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.uint16,
+    torch.uint32,
+    torch.uint64,
+}
+
+
+def _plain(dtype: object) -> TypeGuard[torch.dtype]:
+    """A dtype whose tensors are plain numbers (quantized ones are rebuilt differently)."""
+    return isinstance(dtype, torch.dtype) and (
+        dtype.is_floating_point or dtype.is_complex or dtype in _INTEGERS
+    )
+
+
 def saved_tensor(buffer: torch.Tensor, start: int, length: int) -> torch.Tensor | None:
     """The tensor ``torch.save`` wrote at ``buffer[start : start + length]`` (a uint8 CPU
     tensor), as a view of ``buffer``; None when the bytes are not a plain saved tensor."""
-    view = buffer.numpy().data[start : start + length]
     try:
-        layout, offset, nbytes = _layout(view)
+        return _view(buffer, start, length)
     except Exception:  # damaged or unusual bytes: torch.load gives the real verdict
         return None
+
+
+def _view(buffer: torch.Tensor, start: int, length: int) -> torch.Tensor | None:
+    view = buffer.numpy().data[start : start + length]
+    layout, offset, nbytes = _layout(view)
     dtype = layout.stored.dtype
-    assert dtype is not None  # _rebuild_v2 checked it
-    if nbytes % dtype.itemsize:
+    if not _plain(dtype) or nbytes % dtype.itemsize:
         return None
     raw = buffer[start + offset : start + offset + nbytes]
     if raw.storage_offset() % dtype.itemsize or raw.data_ptr() % dtype.itemsize:
@@ -212,4 +255,6 @@ def saved_tensor(buffer: torch.Tensor, start: int, length: int) -> torch.Tensor 
     extent = layout.offset + sum((n - 1) * s for n, s in reach)
     if all(layout.size) and extent >= typed.numel():
         return None  # it would reach past its own record
+    if not all(layout.size) and layout.offset > typed.numel():
+        return None
     return typed.as_strided(layout.size, layout.stride, typed.storage_offset() + layout.offset)
