@@ -192,5 +192,17 @@ def test_a_manifest_with_malformed_block_checksums_is_refused(
     assert raw["format_version"] == 3  # no block checksums: older readers still read it
     raw["files"]["dcp/__0_0.distcp"] = record
     (folder / "manifest.json").write_text(json.dumps(raw))
+    (folder / "manifest.xxh3").unlink()  # as a save from before manifests had a checksum
     with pytest.raises(CheckpointError, match=needle):
         Manifest.read(folder)
+
+
+def test_a_manifest_without_its_checksum_file_still_reads(tmp_path: Path) -> None:
+    with pt.Run(progress=False, ckpt_dir=str(tmp_path), seed=0) as run:
+        net = mlp()
+        run.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
+        folder = run.save()
+    assert folder is not None
+    with_sum = Manifest.read(folder)
+    (folder / "manifest.xxh3").unlink()  # a save written before the checksum file existed
+    assert Manifest.read(folder) == with_sum

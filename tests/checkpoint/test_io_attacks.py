@@ -302,11 +302,11 @@ def test_a_flipped_bit_raises_exactly_when_its_block_is_read(
     raw[flip] ^= 1 << bit
     path.write_bytes(bytes(raw))
     hit = flip // block
-    read = {  # the blocks covering the ranges (a range past the end may add the last one)
+    read = {  # the blocks covering the ranges' bytes that lie inside the file
         b
         for start, length in wanted
-        if length > 0
-        for b in range(start // block, (start + length - 1) // block + 1)
+        if min(size, start + length) > max(0, start)
+        for b in range(max(0, start) // block, (min(size, start + length) - 1) // block + 1)
     }
     before = threading.active_count()
     if hit in read:
@@ -618,6 +618,7 @@ def test_a_manifest_nested_too_deeply_is_a_checkpoint_error(tmp_path: Path) -> N
     raw = json.loads((folder / "manifest.json").read_text())
     text = json.dumps(raw)[:-1] + ', "deep": ' + "[" * 100_000 + "]" * 100_000 + "}"
     (folder / "manifest.json").write_text(text)
+    (folder / "manifest.xxh3").unlink()  # else its checksum, not its nesting, refuses it
     with pytest.raises(CheckpointError, match="nested too deeply"):
         Manifest.read(folder)
 
@@ -660,3 +661,30 @@ def test_damage_found_after_part_of_the_state_loaded_is_an_error_not_a_fresh_sta
     shard.write_bytes(bytes(raw))
     for said in run_distributed(_two_model_resume, 2, str(tmp_path)):
         assert "No intact checkpoint" in said and "cannot start fresh" in said, said
+
+
+def test_a_bit_flip_anywhere_in_the_manifest_falls_back_to_the_previous_save(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pt.Run(progress=False, ckpt_dir=str(tmp_path), seed=0, keep_last=None) as run:
+        net = mlp()
+        model, opt = run.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
+        for _ in range(2):
+            x, y = dataset(8)[:]
+            run.backward(nn.functional.cross_entropy(model(x), y))
+            run.step(opt)
+            run.save()
+    first, second = sorted(tmp_path.glob("step-*"))
+    path = second / "manifest.json"
+    original = path.read_bytes()
+    for position in range(0, len(original), max(1, len(original) // 40)):
+        flipped = bytearray(original)
+        flipped[position] ^= 0x01
+        path.write_bytes(bytes(flipped))
+        with pt.Run(progress=False, ckpt_dir=str(tmp_path), seed=0) as again:
+            net = mlp()
+            again.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
+            again.resume()
+            assert again.resumed_from == first, position
+        assert "skipping" in capsys.readouterr().err
+    path.write_bytes(original)

@@ -135,6 +135,7 @@ def test_checkpoint_files_are_plain_and_prefix_free(tmp_path: Path) -> None:
     folder = tmp_path / "step-00000003"
     assert sorted(p.name for p in folder.iterdir()) == [
         "manifest.json",
+        "manifest.xxh3",
         "model.safetensors",
         "optimizer.safetensors",
         "trainer.pt",

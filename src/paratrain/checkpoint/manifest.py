@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 
 import torch
+import xxhash
 
 from paratrain.checkpoint.files import (
     blocks_problem,
@@ -27,6 +28,9 @@ FORMAT_VERSION = 4
 """1: one model and optimizer; 2: named models, schedulers, objects, loader positions;
 3: XXH3-64 checksums instead of CRC32; 4: DCP shards checked per block (``blocks``)."""
 MANIFEST = "manifest.json"
+MANIFEST_CHECKSUM = "manifest.xxh3"
+"""XXH3-64 of manifest.json's bytes, in hex: a damaged manifest is skipped like a damaged file.
+A file of its own (not a field), so paratrain versions that predate it still read the manifest."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -138,7 +142,9 @@ class Manifest:
                 "`paratrain ckpt inspect` to see what it is."
             )
         try:
-            raw = json.loads(path.read_text())
+            text = path.read_bytes()
+            _check_own_checksum(folder, text)
+            raw = json.loads(text)
             if not isinstance(raw, dict):
                 raise TypeError(f"it holds a JSON {type(raw).__name__}, not an object")
             raw.pop("global_batch", None)
@@ -185,6 +191,21 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "samples_in_epoch": (int,),
     "created": (int, float),
 }
+
+
+def manifest_checksum(text: bytes) -> bytes:
+    """The content of ``manifest.xxh3`` for a manifest's bytes."""
+    return f"{xxhash.xxh3_64_intdigest(text):016x}\n".encode()
+
+
+def _check_own_checksum(folder: Path, text: bytes) -> None:
+    """ValueError when ``manifest.xxh3`` exists and does not match (older saves have none)."""
+    try:
+        recorded = (folder / MANIFEST_CHECKSUM).read_bytes()
+    except FileNotFoundError:
+        return
+    if recorded != manifest_checksum(text):
+        raise ValueError(f"it does not match its checksum in {MANIFEST_CHECKSUM}")
 
 
 def _check_types(manifest: Manifest) -> None:

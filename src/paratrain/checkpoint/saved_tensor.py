@@ -255,6 +255,4 @@ def _view(buffer: torch.Tensor, start: int, length: int) -> torch.Tensor | None:
     extent = layout.offset + sum((n - 1) * s for n, s in reach)
     if all(layout.size) and extent >= typed.numel():
         return None  # it would reach past its own record
-    if not all(layout.size) and layout.offset > typed.numel():
-        return None
     return typed.as_strided(layout.size, layout.stride, typed.storage_offset() + layout.offset)

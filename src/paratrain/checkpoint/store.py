@@ -52,7 +52,13 @@ from paratrain.checkpoint.files import (
     write_files_durable,
 )
 from paratrain.checkpoint.formats import describe
-from paratrain.checkpoint.manifest import MANIFEST, FileRecord, Manifest
+from paratrain.checkpoint.manifest import (
+    MANIFEST,
+    MANIFEST_CHECKSUM,
+    FileRecord,
+    Manifest,
+    manifest_checksum,
+)
 from paratrain.errors import CheckpointDamagedError, CheckpointError
 
 PREFIX = "step-"
@@ -310,7 +316,9 @@ class CheckpointStore:
         # Checkpoints without block checksums stay readable by paratrain versions that read 3.
         manifest.format_version = 4 if any(r.blocks is not None for r in records.values()) else 3
         manifest.created = time.time()
-        write_bytes_durable(tmp / MANIFEST, manifest.to_json().encode())
+        text = manifest.to_json().encode()
+        write_bytes_durable(tmp / MANIFEST, text)
+        write_bytes_durable(tmp / MANIFEST_CHECKSUM, manifest_checksum(text))
         for folder in {tmp, *((tmp / name).parent for name in records)}:
             fsync_dir(folder)
         os.rename(tmp, final)  # the commit point
