@@ -34,48 +34,16 @@ from paratrain.checkpoint.manifest import FileRecord, Manifest
 from paratrain.checkpoint.saved_tensor import saved_tensor
 from paratrain.errors import CheckpointDamagedError, CheckpointError
 from tests.support.distributed import run_distributed
+from tests.support.saved import PLAIN_DTYPES, in_buffer, saved_bytes
 from tests.support.training import dataset, mlp
 
 # -- saved_tensor: equal to torch.load, inside its record, refusing the rest ---------------------
-
-DTYPES = [
-    torch.float32,
-    torch.float64,
-    torch.float16,
-    torch.bfloat16,
-    torch.int64,
-    torch.int32,
-    torch.int16,
-    torch.int8,
-    torch.uint8,
-    torch.uint16,
-    torch.uint32,
-    torch.uint64,
-    torch.bool,
-    torch.complex64,
-    torch.complex128,
-    torch.float8_e4m3fn,
-    torch.float8_e5m2,
-]
-
-
-def _saved(obj: object) -> bytes:
-    out = io.BytesIO()
-    torch.save(obj, out)
-    return out.getvalue()
-
-
-def _in_buffer(data: bytes, lead: int, fill: int = 0xAB, tail: int = 9) -> torch.Tensor:
-    buffer = torch.full((lead + len(data) + tail,), fill, dtype=torch.uint8)
-    if data:
-        buffer[lead : lead + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    return buffer
 
 
 @st.composite
 def strided_tensors(draw: st.DrawFn) -> torch.Tensor:
     """A view of a random storage with random size, non-negative strides and storage offset."""
-    dtype = draw(st.sampled_from(DTYPES))
+    dtype = draw(st.sampled_from(PLAIN_DTYPES))
     numel = draw(st.integers(0, 40))
     base = (torch.rand(numel) * 100).to(dtype)
     dims = draw(st.integers(0, 3))
@@ -98,8 +66,8 @@ def _bits(tensor: torch.Tensor) -> torch.Tensor:
 def test_any_strided_plain_tensor_reads_as_torch_load_reads_it_and_stays_in_its_record(
     tensor: torch.Tensor, lead: int
 ) -> None:
-    data = _saved(tensor)
-    buffer = _in_buffer(data, lead)
+    data = saved_bytes(tensor)
+    buffer = in_buffer(data, lead)
     got = saved_tensor(buffer, lead, len(data))
     want = torch.load(io.BytesIO(data), weights_only=True)
     assert got is not None
@@ -146,26 +114,26 @@ def _with_hook() -> torch.Tensor:
 @pytest.mark.parametrize(
     "make",
     [
-        lambda: _saved(nn.Parameter(torch.ones(3))),
-        lambda: _saved(torch.ones(3).as_subclass(_Tagged)),
-        lambda: _saved({"w": torch.ones(3)}),
-        lambda: _saved((torch.ones(3),)),
-        lambda: _saved(None),
-        lambda: _big_endian(_saved(torch.arange(4, dtype=torch.int32))),
-        lambda: _deflated(_saved(torch.arange(4, dtype=torch.int32))),
-        lambda: _saved(torch.ones(2, 2).to_sparse()),
+        lambda: saved_bytes(nn.Parameter(torch.ones(3))),
+        lambda: saved_bytes(torch.ones(3).as_subclass(_Tagged)),
+        lambda: saved_bytes({"w": torch.ones(3)}),
+        lambda: saved_bytes((torch.ones(3),)),
+        lambda: saved_bytes(None),
+        lambda: _big_endian(saved_bytes(torch.arange(4, dtype=torch.int32))),
+        lambda: _deflated(saved_bytes(torch.arange(4, dtype=torch.int32))),
+        lambda: saved_bytes(torch.ones(2, 2).to_sparse()),
     ],
     ids=["parameter", "subclass", "dict", "tuple", "none", "big-endian", "deflated", "sparse"],
 )
 def test_what_is_not_a_plain_little_endian_stored_tensor_is_refused(make: Any) -> None:
     data = make()
-    assert saved_tensor(_in_buffer(data, 5), 5, len(data)) is None
+    assert saved_tensor(in_buffer(data, 5), 5, len(data)) is None
 
 
 def test_a_tensor_saved_with_backward_hooks_reads_as_torch_load_or_is_refused() -> None:
     with pytest.warns(UserWarning):  # torch.save: the hooks themselves are not saved
-        data = _saved(_with_hook())
-    result = saved_tensor(_in_buffer(data, 0), 0, len(data))
+        data = saved_bytes(_with_hook())
+    result = saved_tensor(in_buffer(data, 0), 0, len(data))
     want = torch.load(io.BytesIO(data), weights_only=False)
     assert result is None or (torch.equal(result, want.detach()) and not result.requires_grad)
 
@@ -216,13 +184,13 @@ def test_a_crafted_layout_reaching_past_the_record_is_refused(
     layout: tuple[int, tuple[int, ...], tuple[int, ...]],
 ) -> None:
     data = _craft(_rebuild(*layout), {"0": bytes(range(16))})
-    assert saved_tensor(_in_buffer(data, 64), 64, len(data)) is None
+    assert saved_tensor(in_buffer(data, 64), 64, len(data)) is None
 
 
 def test_a_storage_key_naming_a_missing_record_is_refused() -> None:
     for key in ("1", "../data.pkl", "", "0/../0"):
         data = _craft(_rebuild(0, (4,), (1,), key=key), {"0": bytes(16)})
-        assert saved_tensor(_in_buffer(data, 0), 0, len(data)) is None
+        assert saved_tensor(in_buffer(data, 0), 0, len(data)) is None
 
 
 CALLS = [
@@ -250,7 +218,7 @@ def test_a_pickle_calling_outside_the_allow_list_runs_nothing(
     wrapped = evil[:-1] + b"0" + _rebuild(0, (4,), (1,))[2:]  # POP, then a valid tensor
     for body in (evil, wrapped):
         data = _craft(body, {"0": bytes(16)})
-        assert saved_tensor(_in_buffer(data, 3), 3, len(data)) is None
+        assert saved_tensor(in_buffer(data, 3), 3, len(data)) is None
     assert called == []
 
 
@@ -606,7 +574,7 @@ def test_a_record_name_stored_twice_is_left_to_torch_load() -> None:
             out.writestr(info.filename, src.read(info.filename))
         out.writestr("archive/data/0", bytes([7]) * 16)  # readers disagree on which one counts
     blob = twice.getvalue()
-    assert saved_tensor(_in_buffer(blob, 64), 64, len(blob)) is None
+    assert saved_tensor(in_buffer(blob, 64), 64, len(blob)) is None
 
 
 def test_a_manifest_nested_too_deeply_is_a_checkpoint_error(tmp_path: Path) -> None:

@@ -12,38 +12,12 @@ from hypothesis import strategies as st
 from torch import nn
 
 from paratrain.checkpoint.saved_tensor import saved_tensor
-
-DTYPES = [
-    torch.float32,
-    torch.float64,
-    torch.float16,
-    torch.bfloat16,
-    torch.int64,
-    torch.int32,
-    torch.int8,
-    torch.uint8,
-    torch.bool,
-    torch.uint16,
-    torch.complex64,
-]
-
-
-def _saved(obj: object) -> bytes:
-    out = io.BytesIO()
-    torch.save(obj, out)
-    return out.getvalue()
-
-
-def _in_buffer(data: bytes, lead: int) -> torch.Tensor:
-    buffer = torch.zeros(lead + len(data) + 7, dtype=torch.uint8)
-    if data:
-        buffer[lead : lead + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    return buffer
+from tests.support.saved import PLAIN_DTYPES, in_buffer, saved_bytes
 
 
 @st.composite
 def tensors(draw: st.DrawFn) -> torch.Tensor:
-    dtype = draw(st.sampled_from(DTYPES))
+    dtype = draw(st.sampled_from(PLAIN_DTYPES))
     shape = draw(st.lists(st.integers(0, 5), max_size=3))
     base = (torch.rand(shape) * 100).to(dtype)
     view = draw(st.sampled_from(["whole", "transposed", "sliced", "stepped"]))
@@ -59,8 +33,8 @@ def tensors(draw: st.DrawFn) -> torch.Tensor:
 @settings(max_examples=150, deadline=None)
 @given(tensor=tensors(), lead=st.integers(0, 70))
 def test_a_saved_tensor_reads_as_torch_load_reads_it(tensor: torch.Tensor, lead: int) -> None:
-    data = _saved(tensor)
-    buffer = _in_buffer(data, lead)
+    data = saved_bytes(tensor)
+    buffer = in_buffer(data, lead)
     got = saved_tensor(buffer, lead, len(data))
     want = torch.load(io.BytesIO(data), weights_only=True)
     assert got is not None
@@ -69,8 +43,8 @@ def test_a_saved_tensor_reads_as_torch_load_reads_it(tensor: torch.Tensor, lead:
 
 
 def test_an_aligned_tensor_is_a_view_of_the_buffer_not_a_copy() -> None:
-    data = _saved(torch.arange(1000, dtype=torch.float32))
-    buffer = _in_buffer(data, 64)
+    data = saved_bytes(torch.arange(1000, dtype=torch.float32))
+    buffer = in_buffer(data, 64)
     got = saved_tensor(buffer, 64, len(data))
     assert got is not None
     start, end = buffer.data_ptr(), buffer.data_ptr() + buffer.numel()
@@ -91,17 +65,17 @@ def test_an_aligned_tensor_is_a_view_of_the_buffer_not_a_copy() -> None:
     ids=["dict", "list", "parameter", "int", "str"],
 )
 def test_anything_but_a_plain_tensor_is_left_to_torch_load(obj: object) -> None:
-    data = _saved(obj)
-    assert saved_tensor(_in_buffer(data, 0), 0, len(data)) is None
+    data = saved_bytes(obj)
+    assert saved_tensor(in_buffer(data, 0), 0, len(data)) is None
 
 
 @settings(max_examples=200, deadline=None)
 @given(data=st.binary(max_size=600), seed=st.integers(0, 2**16))
 def test_damaged_or_foreign_bytes_never_raise(data: bytes, seed: int) -> None:
-    good = bytearray(_saved(torch.arange(12, dtype=torch.int16).reshape(3, 4)))
+    good = bytearray(saved_bytes(torch.arange(12, dtype=torch.int16).reshape(3, 4)))
     rng = __import__("random").Random(seed)
     for _ in range(rng.randint(1, 4)):  # flips inside a real archive
         good[rng.randrange(len(good))] ^= 1 << rng.randrange(8)
     for blob in (data, bytes(good)):
-        result = saved_tensor(_in_buffer(blob, 3), 3, len(blob))
+        result = saved_tensor(in_buffer(blob, 3), 3, len(blob))
         assert result is None or isinstance(result, torch.Tensor)

@@ -117,14 +117,20 @@ def checksum_file(path: Path, algorithm: str = CHECKSUM) -> int:
     return digest.intdigest()
 
 
+def _presence_problem(path: Path, size: int) -> str | None:
+    """A missing file or one of another size (OSError when it cannot be looked at)."""
+    if not path.is_file():
+        return f"{path.name} is missing"
+    actual = path.stat().st_size
+    return None if actual == size else f"{path.name} has {actual} bytes, expected {size}"
+
+
 def file_problem(path: Path, algorithm: str, expected: int, size: int) -> str | None:
     """What is wrong with ``path`` (missing, resized, corrupted, unreadable), or None."""
     try:
-        if not path.is_file():
-            return f"{path.name} is missing"
-        actual = path.stat().st_size
-        if actual != size:
-            return f"{path.name} has {actual} bytes, expected {size}"
+        problem = _presence_problem(path, size)
+        if problem:
+            return problem
         if checksum_file(path, algorithm) != expected:
             return f"{path.name} fails its checksum (corrupted)"
     except OSError as err:
@@ -312,11 +318,9 @@ def read_blocks_verified(
 def blocks_problem(path: Path, size: int, block_bytes: int, digests: list[int]) -> str | None:
     """What is wrong with a file checked block by block (missing, resized, corrupted), or None."""
     try:
-        if not path.is_file():
-            return f"{path.name} is missing"
-        actual = path.stat().st_size
-        if actual != size:
-            return f"{path.name} has {actual} bytes, expected {size}"
+        problem = _presence_problem(path, size)
+        if problem:
+            return problem
         blocks = BlockDigests(block_bytes)
         with path.open("rb", buffering=0) as f:
             view = memoryview(bytearray(min(_CHUNK, max(1, size))))

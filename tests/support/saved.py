@@ -1,0 +1,43 @@
+"""Bytes written by torch.save, placed inside a larger buffer, for reading them back in place."""
+
+from __future__ import annotations
+
+import io
+
+import torch
+
+PLAIN_DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.uint16,
+    torch.uint32,
+    torch.uint64,
+    torch.bool,
+    torch.complex64,
+    torch.complex128,
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+]
+"""Every dtype a plain tensor may have."""
+
+
+def saved_bytes(obj: object) -> bytes:
+    """What ``torch.save(obj)`` writes."""
+    out = io.BytesIO()
+    torch.save(obj, out)
+    return out.getvalue()
+
+
+def in_buffer(data: bytes, lead: int, fill: int = 0xAB, tail: int = 9) -> torch.Tensor:
+    """A uint8 tensor holding ``data`` at offset ``lead``, between bytes of ``fill``."""
+    buffer = torch.full((lead + len(data) + tail,), fill, dtype=torch.uint8)
+    if data:
+        buffer[lead : lead + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    return buffer
