@@ -107,7 +107,8 @@ def test_bench_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_loader_data_and_profile_in_one_process(tmp_path: Path) -> None:
-    from paratrain.bench.measure import Config, Settings, measure_config
+    from paratrain.bench.loops import Config, Settings
+    from paratrain.bench.measure import measure_config
     from paratrain.bench.profile import profile_one
 
     margs = {"name": "mlp", "width": 16, "depth": 1}
@@ -146,7 +147,8 @@ def test_sizes_are_checked_before_any_rank_starts(
 
 
 def test_pairs_are_added_until_the_interval_is_tight_or_the_budget_is_spent() -> None:
-    from paratrain.bench.measure import Config, Settings, measure_config
+    from paratrain.bench.loops import Config, Settings
+    from paratrain.bench.measure import measure_config
 
     spec = build_spec(name="mlp", width=16, depth=1)
     loose = Settings(batch_size=4, steps=2, warmup=1, rounds=5, data="synthetic", spread=100.0)
@@ -203,7 +205,8 @@ def _distance_to_reference(nproc: int, steps: int) -> dict[str, float]:
     """Every loop's largest parameter difference to the reference after ``steps`` steps."""
     import contextlib
 
-    from paratrain.bench.measure import Config, Settings, paratrain_loop, reference_loop
+    from paratrain.bench.loops import Config, Settings
+    from paratrain.bench.measure import paratrain_loop, reference_loop
     from paratrain.bench.peers import PEERS, start_peers
 
     spec = build_spec("mlp", width=16, depth=1)
@@ -266,7 +269,7 @@ def test_a_missing_peer_package_is_named_before_any_rank_starts(
 
 
 def test_peers_say_which_configurations_they_cannot_run() -> None:
-    from paratrain.bench.measure import Config, Settings
+    from paratrain.bench.loops import Config, Settings
     from paratrain.bench.peers import PeerSkipped, accelerate_loop, fabric_loop
 
     spec = build_spec("mlp", width=16, depth=1)

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from paratrain.bench import report
-from paratrain.bench.measure import Settings
+from paratrain.bench.loops import Settings
 from paratrain.bench.models import build_spec, check_model
 from paratrain.bench.peers import PEERS, check_installed
 from paratrain.bench.runner import make_plan, run_plan

@@ -25,66 +25,20 @@ import itertools
 import random
 import statistics
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler
 
 import paratrain as pt
+from paratrain.bench.loops import Config, Loop, Settings, bench_dataset, bench_device
 from paratrain.bench.models import ModelSpec
 from paratrain.memory import peak_memory_mb, reset_peak_memory
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-@dataclass(frozen=True)
-class Config:
-    """One cell of the benchmark matrix."""
-
-    strategy: str
-    precision: str
-    nproc: int
-
-
-@dataclass(frozen=True)
-class Settings:
-    """What every configuration shares."""
-
-    batch_size: int
-    steps: int
-    warmup: int
-    rounds: int
-    data: str
-    """``synthetic`` (one batch kept on the device) or ``loader`` (a DataLoader every step)."""
-    budget_s: float = 60.0
-    """Seconds of paired blocks per configuration before giving up on ``spread``."""
-    spread: float = 0.03
-    """Wanted half-width of the median ratio's 95 % interval, relative to the median."""
-    compare: tuple[str, ...] = ()
-    """Peers measured in the same rounds: ``accelerate``, ``fabric`` (see ``bench.peers``)."""
-
-
-@dataclass
-class Loop:
-    """A ready training loop: ``step(x, y)`` on the next of ``batches``."""
-
-    step: Callable[[Any, torch.Tensor], None]
-    batches: Iterator[tuple[Any, torch.Tensor]]
-    device: torch.device
-    close: Callable[[], None]
-    parameters: Callable[[], list[torch.Tensor]] = field(default=list)
-    """The model's parameters in module order (for checking that loops trained alike)."""
-
-
-def _device() -> torch.device:
-    if torch.cuda.is_available():
-        rank = dist.get_rank() if dist.is_initialized() else 0
-        return torch.device("cuda", rank % torch.cuda.device_count())
-    return torch.device("cpu")
 
 
 def _sync(device: torch.device) -> None:
@@ -110,12 +64,6 @@ def _batches(
     )
 
 
-def _dataset(spec: ModelSpec, settings: Settings) -> TensorDataset:
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    x, y = spec.batch(settings.batch_size * world * 8, torch.device("cpu"))
-    return TensorDataset(x, y)
-
-
 def paratrain_loop(spec: ModelSpec, config: Config, settings: Settings) -> Loop:
     """The paratrain loop for ``config``, set up and ready to step."""
     with contextlib.redirect_stdout(io.StringIO()):
@@ -129,7 +77,7 @@ def paratrain_loop(spec: ModelSpec, config: Config, settings: Settings) -> Loop:
         loader = None
         if settings.data == "loader":
             with contextlib.redirect_stdout(io.StringIO()):
-                loader = run.loader(_dataset(spec, settings), batch_size=settings.batch_size)
+                loader = run.loader(bench_dataset(spec, settings), batch_size=settings.batch_size)
     except BaseException:
         run.close()
         raise
@@ -157,7 +105,7 @@ def _paratrain_step(
 
 def reference_loop(spec: ModelSpec, config: Config, settings: Settings) -> Loop:
     """The hand-written loop for the same strategy and precision, ready to step."""
-    device = _device()
+    device = bench_device()
     torch.manual_seed(0)
     model: nn.Module = spec.build().to(device)
     if config.strategy == "dp":
@@ -176,7 +124,7 @@ def reference_loop(spec: ModelSpec, config: Config, settings: Settings) -> Loop:
     dtype = _DTYPES.get(config.precision)
     loader = None
     if settings.data == "loader":
-        data = _dataset(spec, settings)
+        data = bench_dataset(spec, settings)
         sampler: DistributedSampler[Any] | None = (
             DistributedSampler(data) if dist.is_initialized() else None
         )
@@ -225,7 +173,7 @@ def _agreed(values: list[float]) -> list[float]:
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return values
     # nccl reduces device tensors only; gloo takes CPU ones.
-    on = _device() if dist.get_backend() == "nccl" else torch.device("cpu")
+    on = bench_device() if dist.get_backend() == "nccl" else torch.device("cpu")
     box = torch.tensor(values, dtype=torch.float64, device=on)
     dist.all_reduce(box, op=dist.ReduceOp.MAX)
     return [float(v) for v in box.tolist()]
@@ -246,7 +194,7 @@ def measure_config(spec: ModelSpec, config: Config, settings: Settings) -> dict[
     Returns throughput, step-time quantiles, memory, the median ratio with its interval, a
     noisy flag and, with ``settings.compare``, ``peers``: each peer's throughput and ratio.
     """
-    device = _device()
+    device = bench_device()
     reset_peak_memory(device)
     with contextlib.ExitStack() as stack:
         ours = paratrain_loop(spec, config, settings)

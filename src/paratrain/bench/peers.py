@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
 
-from paratrain.bench.measure import Config, Loop, Settings, _dataset, _device
+from paratrain.bench.loops import Config, Loop, Settings, bench_dataset, bench_device
 from paratrain.bench.models import ModelSpec
 from paratrain.collectives import reduce
 from paratrain.errors import ConfigError
@@ -177,7 +177,7 @@ def _loader(spec: ModelSpec, settings: Settings) -> DataLoader[Any] | None:
     """The plain loader each library shards itself (None for the one fixed synthetic batch)."""
     if settings.data != "loader":
         return None
-    return DataLoader(_dataset(spec, settings), batch_size=settings.batch_size, shuffle=True)
+    return DataLoader(bench_dataset(spec, settings), batch_size=settings.batch_size, shuffle=True)
 
 
 def _batches(
@@ -206,7 +206,7 @@ def accelerate_loop(spec: ModelSpec, config: Config, settings: Settings) -> Loop
     from accelerate import Accelerator
 
     _reset_accelerate()
-    device = _device()
+    device = bench_device()
     kwargs: dict[str, Any] = {}
     if config.strategy == "fsdp":
         kwargs["fsdp_plugin"] = _fsdp_plugin()
@@ -274,7 +274,7 @@ def fabric_loop(spec: ModelSpec, config: Config, settings: Settings) -> Loop:
     loop = fabric_loop(spec, Config("ddp", "bf16", 2), settings)
     loop.step(*next(loop.batches))
     """
-    device = _device()
+    device = bench_device()
     if config.strategy == "fsdp" and device.type != "cuda":
         raise PeerSkipped(f"Lightning Fabric runs FSDP only on GPUs, not on {device.type}")
     if config.precision == "fp16" and device.type == "cpu":

@@ -14,7 +14,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
 import paratrain as pt
-from paratrain.bench.measure import Settings
+from paratrain.bench.loops import Settings
 from paratrain.bench.models import build_spec
 
 

@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from paratrain.bench.measure import Config, Settings, measure_config
+from paratrain.bench.loops import Config, Settings
+from paratrain.bench.measure import measure_config
 from paratrain.bench.models import build_spec
 from paratrain.config import RunConfig
 from paratrain.errors import ParatrainError
