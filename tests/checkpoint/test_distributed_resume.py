@@ -16,7 +16,7 @@ from tests.support.distributed import run_distributed
 from tests.support.training import dataset, max_abs_diff, mlp
 
 pytestmark = pytest.mark.dist
-STRATEGIES = ("ddp", "fsdp")
+STRATEGIES = ("ddp", "fsdp", "fsdp-bf16")  # bf16 under fsdp: FSDP2's MixedPrecisionPolicy
 STOP = 7  # mid-epoch 1: 40 samples / (2 ranks x 4) = 5 steps per epoch
 
 
@@ -29,7 +29,10 @@ def _train(
     epochs: int = 2,
     extra_steps: int | None = None,
 ) -> dict[str, Any]:
-    with pt.Run(strategy=strategy, progress=False, ckpt_dir=ckpt, seed=0) as run:
+    name, _, precision = strategy.partition("-")
+    with pt.Run(
+        strategy=name, precision=precision or "fp32", progress=False, ckpt_dir=ckpt, seed=0
+    ) as run:
         net = nn.Sequential(mlp(), nn.Dropout(0.2))
         model, opt = run.setup(net, torch.optim.AdamW(net.parameters(), lr=1e-2))
         loader = run.loader(dataset(40), batch_size=4)
