@@ -13,7 +13,6 @@ import torch.distributed.checkpoint as dcp
 import xxhash
 from hypothesis import given
 from hypothesis import strategies as st
-from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 
 import paratrain as pt
@@ -22,7 +21,7 @@ from paratrain.checkpoint.files import BLOCK_BYTES, BlockDigests
 from paratrain.checkpoint.manifest import Manifest
 from paratrain.errors import CheckpointDamagedError
 from tests.support.distributed import run_distributed
-from tests.support.training import dataset, max_abs_diff, mlp
+from tests.support.training import max_abs_diff, mlp, resume_saved, save_twice
 
 
 def _state() -> dict[str, Any]:
@@ -124,34 +123,11 @@ def test_block_digests_do_not_depend_on_how_the_stream_is_cut(
     assert blocks.digests() == want
 
 
-def _fsdp_saves(root: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    with pt.Run(strategy="fsdp", progress=False, ckpt_dir=root, keep_last=None, seed=0) as run:
-        net = mlp()
-        model, opt = run.setup(net, torch.optim.AdamW(net.parameters(), lr=1e-2))
-        x, y = dataset(8)[:]
-        for step in (1, 2):
-            with run.accumulate(model):
-                run.backward(nn.functional.cross_entropy(model(x), y))
-            run.step(opt)
-            run.save()
-            out[step] = run.strategy.full_state_dict(model)
-    return out
-
-
-def _fsdp_resume(root: str) -> dict[str, Any]:
-    with pt.Run(strategy="fsdp", progress=False, ckpt_dir=root, seed=0) as run:
-        net = mlp()
-        model, _ = run.setup(net, torch.optim.AdamW(net.parameters(), lr=1e-2))
-        run.resume()
-        return {"step": run.global_step, "weights": run.strategy.full_state_dict(model)}
-
-
 @pytest.mark.dist
 def test_a_damaged_shard_of_rank_1_makes_every_rank_resume_the_previous_save(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    saved = run_distributed(_fsdp_saves, 2, str(tmp_path))[0]
+    saved = run_distributed(save_twice, 2, str(tmp_path), "fsdp")[0]
     folders = sorted(tmp_path.glob("step-*"))
     assert [f.name for f in folders] == ["step-00000001", "step-00000002"]
     for folder in folders:  # the manifest's checksums, recorded while writing, are right
@@ -160,7 +136,7 @@ def test_a_damaged_shard_of_rank_1_makes_every_rank_resume_the_previous_save(
     raw = bytearray(shard.read_bytes())
     raw[-100] ^= 0x01
     shard.write_bytes(bytes(raw))
-    resumed = run_distributed(_fsdp_resume, 2, str(tmp_path))
+    resumed = run_distributed(resume_saved, 2, str(tmp_path), "fsdp")
     for rank in (0, 1):
         assert resumed[rank]["step"] == 1
     assert max_abs_diff(resumed[0]["weights"], saved[1]) == 0.0

@@ -35,7 +35,7 @@ from paratrain.checkpoint.saved_tensor import saved_tensor
 from paratrain.errors import CheckpointDamagedError, CheckpointError
 from tests.support.distributed import run_distributed
 from tests.support.saved import PLAIN_DTYPES, in_buffer, saved_bytes
-from tests.support.training import dataset, mlp
+from tests.support.training import dataset, mlp, resume_saved, save_twice
 
 # -- saved_tensor: equal to torch.load, inside its record, refusing the rest ---------------------
 
@@ -483,30 +483,10 @@ def test_a_shard_missing_from_the_records_is_refused(
 # -- end to end: a flipped byte in a committed checkpoint ------------------------------------------
 
 
-def _train_and_save(root: Path, strategy: str = "cpu") -> None:
-    with pt.Run(strategy=strategy, progress=False, ckpt_dir=root, keep_last=None, seed=0) as run:
-        net = mlp()
-        model, opt = run.setup(net, torch.optim.AdamW(net.parameters(), lr=1e-2))
-        x, y = dataset(8)[:]
-        for _ in (1, 2):
-            with run.accumulate(model):
-                run.backward(nn.functional.cross_entropy(model(x), y))
-            run.step(opt)
-            run.save()
-
-
-def _resume(root: Path, strategy: str = "cpu") -> dict[str, Any]:
-    with pt.Run(strategy=strategy, progress=False, ckpt_dir=root, seed=0) as run:
-        net = mlp()
-        model, _ = run.setup(net, torch.optim.AdamW(net.parameters(), lr=1e-2))
-        run.resume()
-        return {"step": run.global_step, "weights": run.strategy.full_state_dict(model)}
-
-
 @pytest.fixture(scope="module")
 def two_saves(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("saves") / "ck"
-    _train_and_save(root)
+    save_twice(root)
     return root
 
 
@@ -521,7 +501,7 @@ def test_a_flipped_byte_in_a_replicated_file_resumes_the_previous_save(
     raw = bytearray(target.read_bytes())
     raw[int(where * (len(raw) - 1))] ^= 0x20
     target.write_bytes(bytes(raw))
-    assert _resume(root)["step"] == 1
+    assert resume_saved(root)["step"] == 1
     said = capfd.readouterr()
     assert "skipping" in said.out + said.err and name in said.out + said.err
 
@@ -536,7 +516,7 @@ def test_with_every_checkpoint_damaged_resume_warns_and_starts_fresh(
         raw = bytearray(path.read_bytes())
         raw[-1] ^= 1
         path.write_bytes(bytes(raw))
-    assert _resume(root)["step"] == 0  # nothing intact: skipped with warnings, a fresh start
+    assert resume_saved(root)["step"] == 0  # nothing intact: skipped with warnings, a fresh start
 
 
 @pytest.mark.dist
@@ -544,7 +524,7 @@ def test_a_flipped_byte_in_rank_0_s_shard_or_the_metadata_resumes_the_previous_f
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     root = tmp_path / "ck"
-    run_distributed(_train_and_save, 2, root, "fsdp")
+    run_distributed(save_twice, 2, root, "fsdp")
     newest = root / "step-00000002"
     assert Manifest.read(newest).format_version == 4
     pristine = tmp_path / "pristine"
@@ -556,7 +536,7 @@ def test_a_flipped_byte_in_rank_0_s_shard_or_the_metadata_resumes_the_previous_f
         raw = bytearray(path.read_bytes())
         raw[len(raw) // 3] ^= 0x08
         path.write_bytes(bytes(raw))
-        resumed = run_distributed(_resume, 2, root, "fsdp")
+        resumed = run_distributed(resume_saved, 2, root, "fsdp")
         assert [r["step"] for r in resumed] == [1, 1]
         err = capfd.readouterr().err
         assert "step-00000002" in err and Path(name).name in err

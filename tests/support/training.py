@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -69,3 +70,28 @@ def train(
 def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     assert a.keys() == b.keys(), (sorted(a), sorted(b))
     return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+
+
+def save_twice(root: str | Path, strategy: str = "cpu") -> dict[int, dict[str, torch.Tensor]]:
+    """Two AdamW steps of the MLP, saved after each; the full weights after step 1 and 2."""
+    out: dict[int, dict[str, torch.Tensor]] = {}
+    with pt.Run(strategy=strategy, progress=False, ckpt_dir=root, keep_last=None, seed=0) as run:
+        net = mlp()
+        model, opt = run.setup(net, torch.optim.AdamW(net.parameters(), lr=1e-2))
+        x, y = dataset(8)[:]
+        for step in (1, 2):
+            with run.accumulate(model):
+                run.backward(nn.functional.cross_entropy(model(x), y))
+            run.step(opt)
+            run.save()
+            out[step] = run.strategy.full_state_dict(model)
+    return out
+
+
+def resume_saved(root: str | Path, strategy: str = "cpu") -> dict[str, Any]:
+    """Resume what :func:`save_twice` wrote: the step reached and the full weights."""
+    with pt.Run(strategy=strategy, progress=False, ckpt_dir=root, seed=0) as run:
+        net = mlp()
+        model, _ = run.setup(net, torch.optim.AdamW(net.parameters(), lr=1e-2))
+        run.resume()
+        return {"step": run.global_step, "weights": run.strategy.full_state_dict(model)}
