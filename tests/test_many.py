@@ -341,6 +341,8 @@ def test_iterable_dataset_on_several_ranks_is_warned_about() -> None:
         drop_last=False,
         seed=0,
         topology=topology,
+        data_rank=topology.rank,
+        data_size=topology.world_size,
         device=torch.device("cpu"),
         num_workers=0,
         hooks=Hooks(),

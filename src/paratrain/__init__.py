@@ -24,6 +24,7 @@ from paratrain.errors import (
 from paratrain.version import __version__
 
 if TYPE_CHECKING:
+    from paratrain import tp
     from paratrain.checkpoint.loading import LoadReport, load_weights
     from paratrain.config import RunConfig
     from paratrain.data import ExactOnceSampler, to_device
@@ -46,6 +47,8 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
+    if name == "tp":  # tensor-parallel plans: pt.tp.mlp(...), pt.tp.attention(...)
+        return importlib.import_module("paratrain.tp")
     if name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
@@ -69,4 +72,5 @@ __all__ = [
     "launch",
     "load_weights",
     "to_device",
+    "tp",
 ]

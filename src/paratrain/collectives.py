@@ -31,12 +31,17 @@ def _active() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def reduce(value: Number, op: str = "sum", *, device: torch.device | None = None) -> Number:
-    """All-reduce ``value`` over ranks with ``op`` (sum, mean, max, min); every rank gets it."""
+def reduce(
+    value: Number, op: str = "sum", *, device: torch.device | None = None, copies: int = 1
+) -> Number:
+    """All-reduce ``value`` over ranks with ``op`` (sum, mean, max, min); every rank gets it.
+
+    ``copies``: how many ranks hold each value (the ranks of one tp group, which read the same
+    batch); a sum then counts each group once."""
     if op not in _OPS:
         raise ConfigError(f"Unknown reduce op {op!r}. Available: {', '.join(_OPS)}.")
     if isinstance(value, (np.generic, np.ndarray)):
-        return _reduce_numpy(value, op, device)  # type: ignore[no-any-return]
+        return _reduce_numpy(value, op, device, copies)  # type: ignore[no-any-return]
     if not _active():
         return value
     if isinstance(value, torch.Tensor):
@@ -47,6 +52,8 @@ def reduce(value: Number, op: str = "sum", *, device: torch.device | None = None
     if dist.get_backend() == "nccl" and tensor.device.type != "cuda":
         tensor = tensor.to(device or torch.device("cuda", torch.cuda.current_device()))
     dist.all_reduce(tensor, op=_OPS[op])
+    if op == "sum" and copies > 1:  # each group's value arrived ``copies`` times
+        tensor = tensor / copies if tensor.is_floating_point() else tensor // copies
     if op == "mean":
         tensor = tensor / dist.get_world_size()
     if isinstance(value, torch.Tensor):
@@ -54,13 +61,15 @@ def reduce(value: Number, op: str = "sum", *, device: torch.device | None = None
     return tensor.item()  # type: ignore[return-value]
 
 
-def _reduce_numpy(value: np.generic | np.ndarray, op: str, device: torch.device | None) -> Any:
+def _reduce_numpy(
+    value: np.generic | np.ndarray, op: str, device: torch.device | None, copies: int
+) -> Any:
     """numpy scalars and arrays keep their type and dtype (a 0-d float32 stays a float)."""
     array = np.asarray(value)
     if not _active():
         return value
     tensor = torch.from_numpy(np.array(array, dtype=np.float64 if op == "mean" else array.dtype))
-    result = reduce(tensor, op, device=device).cpu().numpy()
+    result = reduce(tensor, op, device=device, copies=copies).cpu().numpy()
     if op == "mean" and not np.issubdtype(array.dtype, np.floating):
         return result if array.ndim else result.item()
     result = result.astype(array.dtype)

@@ -23,10 +23,12 @@ from pathlib import Path
 from torch.nn import Module
 
 from paratrain.errors import ConfigError
+from paratrain.mesh import check_mesh_setting
 from paratrain.module_policy import ModulePolicy
 from paratrain.paths import check_creatable
+from paratrain.tp import TPPlan, check_tp_plan
 
-STRATEGY_NAMES = ("cpu", "single", "dp", "ddp", "fsdp")
+STRATEGY_NAMES = ("cpu", "single", "dp", "ddp", "fsdp", "tp")
 """Every strategy name; :mod:`paratrain.strategies` maps each to its class."""
 PRECISIONS = ("fp32", "bf16", "fp16")
 ACCELERATORS = ("auto", "cpu", "cuda")
@@ -39,7 +41,7 @@ class RunConfig:
     """Everything :class:`paratrain.Run` needs to know before the model exists."""
 
     strategy: str = "auto"
-    """How the model is placed and synchronised: auto, cpu, single, dp, ddp or fsdp."""
+    """How the model is placed and synchronised: auto, cpu, single, dp, ddp, fsdp or tp."""
     accelerator: str = "auto"
     """Device kind: ``auto`` (cuda when a GPU is visible, else cpu), ``cpu`` or ``cuda``."""
     backend: str | None = None
@@ -107,6 +109,15 @@ class RunConfig:
     fsdp_offload: bool = False
     """``fsdp`` on GPUs: keep sharded parameters, gradients and optimizer state in host memory
     (``CPUOffloadPolicy``); the optimizer steps on the CPU."""
+    mesh: dict[str, int] | None = None
+    """``fsdp``/``tp``: device mesh axes and sizes, outermost first: ``dp_replicate``
+    (replicate; with ``dp``: HSDP), ``dp`` (FSDP shards), ``tp`` (tensor parallel); one size may
+    be -1 (what the world size leaves), e.g. ``{'dp': -1, 'tp': 2}``. None: every rank on
+    ``dp`` (``fsdp``) or on ``tp`` (``tp``)."""
+    tp_plan: TPPlan | None = None
+    """``tp``: which layers to split: ``'auto'`` (the MLPs it can prove safe), a dict of module
+    name pattern to ``'colwise'``/``'rowwise'``/``'sequence'`` or a DTensor ParallelStyle, or
+    plans from ``paratrain.tp`` (``mlp``, ``attention``) joined with ``|``."""
     activation_checkpointing: ModulePolicy = ()
     """Module types (or a predicate) whose activations are recomputed in backward."""
     num_workers: int | None = None
@@ -289,6 +300,10 @@ _RULES: dict[str, Rule] = {
     "fsdp_wrap": POLICY,
     "fsdp_reshard_after_forward": FLAG,
     "fsdp_offload": FLAG,
+    "mesh": Rule(check_mesh_setting, "dict of axis (`dp_replicate`, `dp`, `tp`) to size, None"),
+    "tp_plan": Rule(
+        check_tp_plan, "`auto`, dict of name pattern to style, `paratrain.tp` plan, None"
+    ),
     "activation_checkpointing": POLICY,
     "num_workers": _whole(low=0, high=1024, optional=True),
     "extra": Rule(_mapping, "dict"),

@@ -310,6 +310,8 @@ def make_loader(
     drop_last: bool,
     seed: int,
     topology: Topology,
+    data_rank: int,
+    data_size: int,
     device: torch.device,
     num_workers: int | None,
     hooks: LoaderHooks,
@@ -331,7 +333,7 @@ def make_loader(
     kwargs.setdefault("persistent_workers", workers > 0)
     owns_generator = "generator" not in kwargs
     kwargs.setdefault("generator", torch.Generator())
-    rank, world = topology.rank, topology.world_size
+    rank, world = data_rank, data_size  # ranks of one tp group read the same share
     if isinstance(dataset, IterableDataset) and world > 1:
         hooks.warn(
             f"{type(dataset).__name__} is an IterableDataset: run.loader cannot split it, so "

@@ -125,6 +125,17 @@ class Job:
         return self.topology.world_size
 
     @property
+    def data_rank(self) -> int:
+        """Which share of the data this rank reads: ``rank`` unless ranks split layers (tp),
+        where each tp group shares one."""
+        return self.strategy.data_rank
+
+    @property
+    def data_size(self) -> int:
+        """Into how many shares the data is split: ``world_size`` divided by the tp size."""
+        return self.strategy.data_size
+
+    @property
     def is_main(self) -> bool:
         """True on rank 0."""
         return self.topology.is_main
@@ -151,8 +162,12 @@ class Job:
 
     # -- metrics, output, files -------------------------------------------------------------
     def reduce(self, value: Number, op: str = "sum") -> Number:
-        """All-reduce a number, numpy value or tensor over ranks (sum, mean, max, min)."""
-        return collectives.reduce(value, op, device=self.device)
+        """All-reduce a number, numpy value or tensor over ranks (sum, mean, max, min).
+
+        With tensor parallelism the ranks of a tp group read the same batch: a sum counts each
+        group once, so ``run.reduce(correct, "sum")`` still counts every sample once."""
+        copies = self.strategy.shape.sizes["tp"]
+        return collectives.reduce(value, op, device=self.device, copies=copies)
 
     def gather(self, value: Any) -> list[Any]:
         """Every rank's ``value`` in rank order, on every rank."""

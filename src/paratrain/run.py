@@ -142,7 +142,7 @@ class Run(Job):
         From the first ``run.setup`` on, python/numpy/torch generators follow it, so dropout,
         augmentation and ``torch.randint`` batch sampling differ across ranks. Seed your own
         generators with it: ``torch.Generator().manual_seed(run.rank_seed)``."""
-        return rank_seed(self.config.seed, self.rank)
+        return rank_seed(self.config.seed, self.data_rank)  # one stream per tp group
 
     @property
     def epoch(self) -> int:
@@ -181,6 +181,9 @@ class Run(Job):
         wrapped = prepare_model(
             model, self.strategy, self.precision, self.config.activation_checkpointing
         )
+        for note in self.strategy.notes:
+            self.console.print(note)
+        self.strategy.notes.clear()
         params = dict(self.strategy.unwrap(wrapped).named_parameters())
         for optimizer in optimizers:
             rebind_optimizer(optimizer, names, params)
@@ -257,6 +260,8 @@ class Run(Job):
             drop_last=drop_last,
             seed=self.config.seed,
             topology=self.topology,
+            data_rank=self.data_rank,
+            data_size=self.data_size,
             device=self.device,
             num_workers=kwargs.pop("num_workers", self.config.num_workers),
             hooks=self._hooks,

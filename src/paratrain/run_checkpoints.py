@@ -96,6 +96,9 @@ class RunCheckpoints:
             world_size=p.world_size,
             rank=p.rank,
             sharded=p.strategy.sharded_state,
+            mesh=p.strategy.recorded_mesh(),
+            data_rank=p.strategy.data_rank,
+            data_size=p.strategy.data_size,
             seed=p.config.seed,
             unwrap=p.strategy.unwrap,
         )

@@ -45,6 +45,10 @@ class _RunParts(Protocol):
     def rank(self) -> int: ...
     @property
     def world_size(self) -> int: ...
+    @property
+    def data_rank(self) -> int: ...
+    @property
+    def data_size(self) -> int: ...
     def _print_notes(self) -> None: ...
     def set_grad_accum(self, every: int) -> None: ...
 
@@ -114,7 +118,7 @@ class LoopHooks:
         run = self.run
         if not run._rank_streams:
             run._rank_streams = True
-            seed_rank_stream(run.config.seed, run.rank)
+            seed_rank_stream(run.config.seed, run.data_rank)
 
     def first_loader(self, batch_size: int) -> None:
         """Derive grad_accum from ``global_batch`` and print the global batch, once."""
@@ -122,13 +126,14 @@ class LoopHooks:
         if run._batch_reported:
             return
         run._batch_reported = True
-        world = run.world_size
+        world = run.data_size  # ranks of one tp group share a batch
+        ranks = "world size" if world == run.world_size else "data-parallel ranks"
         if run.config.global_batch is not None:
             accum, rest = divmod(run.config.global_batch, batch_size * world)
             if rest or accum < 1:
                 raise ConfigError(
                     f"global_batch={run.config.global_batch} is not a multiple of per-rank batch "
-                    f"{batch_size} x world size {world} = {batch_size * world}. Choose a "
+                    f"{batch_size} x {ranks} {world} = {batch_size * world}. Choose a "
                     "global batch that it divides, or another per-rank batch."
                 )
             run.set_grad_accum(accum)
@@ -149,7 +154,7 @@ class LoopHooks:
         accum = run.loop.grad_accum
         run.console.print(
             f"paratrain: global batch {batch_size * world * accum} = per-rank batch "
-            f"{batch_size} x world size {world} x grad_accum {accum}"
+            f"{batch_size} x {ranks} {world} x grad_accum {accum}"
         )
 
     def last_micro_batch(self, key: int) -> bool:

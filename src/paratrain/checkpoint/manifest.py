@@ -10,6 +10,7 @@ committed.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -24,7 +25,7 @@ from paratrain.checkpoint.files import (
 )
 from paratrain.errors import CheckpointError
 
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 """1: one model and optimizer; 2: named models, schedulers, objects, loader positions;
 3: XXH3-64 checksums instead of CRC32; 4: DCP shards checked per block (``blocks``)."""
 MANIFEST = "manifest.json"
@@ -110,6 +111,9 @@ class Manifest:
     lineage: str = ""
     """The run id of the fresh start that this chain of resumes began with. Rotation
     (``keep_last``) deletes only checkpoints of its own lineage."""
+    mesh: dict[str, int] | None = None
+    """Mesh axes of the run that wrote it (``dp_replicate``, ``dp``, ``tp``), when it split
+    layers or replicated shard groups (format 5); None: every rank on ``dp``."""
     models: list[str] = field(default_factory=lambda: ["model"])
     """Names of the models it holds, in ``run.setup`` order."""
     files: dict[str, FileRecord] = field(default_factory=dict)
@@ -120,11 +124,20 @@ class Manifest:
         """Samples per optimizer step over all ranks."""
         if self.per_rank_batch is None:
             return None
-        return self.per_rank_batch * self.world_size * self.grad_accum
+        return self.per_rank_batch * self.data_size * self.grad_accum
+
+    @property
+    def data_size(self) -> int:
+        """Ranks that read different data (the world size without the tp axis)."""
+        if not self.mesh:
+            return self.world_size
+        return self.world_size // self.mesh.get("tp", 1)
 
     def to_json(self) -> str:
         """The manifest as JSON text (a file record's unused checksum kinds left out)."""
         data = asdict(self)
+        if data["mesh"] is None:  # formats 1-4 have no mesh: older paratrain reads them
+            del data["mesh"]
         data["files"] = {
             name: {k: v for k, v in record.items() if v is not None}
             for name, record in data["files"].items()
@@ -214,6 +227,13 @@ def _check_types(manifest: Manifest) -> None:
         value = getattr(manifest, name)
         if isinstance(value, bool) or not isinstance(value, types):
             raise TypeError(f"{name} is {value!r}, not {' or '.join(t.__name__ for t in types)}")
+    mesh = manifest.mesh
+    if mesh is not None and not (
+        isinstance(mesh, dict)
+        and all(isinstance(k, str) and type(v) is int and v >= 1 for k, v in mesh.items())
+        and math.prod(mesh.values()) == manifest.world_size
+    ):
+        raise ValueError(f"mesh {mesh!r} is not axis sizes whose product is the world size")
     for name, record in manifest.files.items():
         parts = PurePosixPath(name).parts
         if not parts or name.startswith("/") or ".." in parts or "\0" in name:

@@ -57,6 +57,11 @@ class Layout:
     rank: int
     sharded: bool
     """True when every rank writes its shards (FSDP); else rank 0 writes full tensors."""
+    mesh: dict[str, int] | None
+    """Mesh axes when layers are split or shard groups replicated (tp, HSDP); else None."""
+    data_rank: int
+    """Which share of the data this rank reads (its random stream follows it)."""
+    data_size: int
     seed: int
     unwrap: Any
     """``module -> plain module`` of the strategy."""
@@ -113,6 +118,7 @@ def save(
         layout="sharded" if pieces.layout.sharded else "replicated",
         strategy=pieces.layout.strategy,
         world_size=pieces.layout.world_size,
+        mesh=pieces.layout.mesh,
         per_rank_batch=per_rank,
         grad_accum=loop.grad_accum,
         epoch=epoch,
@@ -239,13 +245,16 @@ def resume(
         return None
     folder = staged.folder
     _restore_rest(pieces, trainer)
-    if manifest.world_size == pieces.layout.world_size:
-        restore_rng(trainer["rng"][pieces.layout.rank])
+    layout = pieces.layout
+    if manifest.world_size == layout.world_size and manifest.mesh == layout.mesh:
+        restore_rng(trainer["rng"][layout.rank])
     else:
-        reseed_rng(seed=pieces.layout.seed, step=pieces.loop.global_step, rank=pieces.layout.rank)
+        reseed_rng(seed=layout.seed, step=pieces.loop.global_step, rank=layout.data_rank)
+        saved = _layout_words(manifest.world_size, manifest.mesh)
         say(
-            f"paratrain: saved at world size {manifest.world_size}, resumed at "
-            f"{pieces.layout.world_size}: random generators re-derived from (seed, step, rank)"
+            f"paratrain: saved at {saved}, resumed at "
+            f"{_layout_words(layout.world_size, layout.mesh)}: random generators re-derived "
+            "from (seed, step, data rank)"
         )
     identity.lineage = manifest.lineage or manifest.run_id
     loaders = [ld for ld in pieces.tracked.loaders if ld.train]
@@ -254,7 +263,7 @@ def resume(
         grad_accum = keep_or_report_global_batch(
             manifest.global_batch,
             per_rank=loaders[0].loader.batch_size or 1,
-            world=pieces.layout.world_size,
+            world=pieces.layout.data_size,
             accum=grad_accum,
             keep=keep_global_batch,
             say=say,
@@ -333,6 +342,13 @@ def _apply_or_defer(tracked: Tracked, kind: str, name: str, obj: Any, state: Any
         obj.load_state_dict(state)
     else:
         tracked.defer(f"{kind}:{name}", lambda o: o.load_state_dict(state))
+
+
+def _layout_words(world_size: int, mesh: dict[str, int] | None) -> str:
+    if not mesh:
+        return f"world size {world_size}"
+    axes = " x ".join(f"{axis} {size}" for axis, size in mesh.items() if size > 1)
+    return f"world size {world_size} ({axes or 'one rank'})"
 
 
 def keep_or_report_global_batch(

@@ -313,8 +313,10 @@ class CheckpointStore:
             },
         }
         manifest.files = records
-        # Checkpoints without block checksums stay readable by paratrain versions that read 3.
-        manifest.format_version = 4 if any(r.blocks is not None for r in records.values()) else 3
+        # The lowest format that holds what this save uses, so older paratrain reads the rest:
+        # 5 records a mesh (tp, HSDP), 4 per-block checksums of DCP shards.
+        blocks = any(r.blocks is not None for r in records.values())
+        manifest.format_version = 5 if manifest.mesh else 4 if blocks else 3
         manifest.created = time.time()
         text = manifest.to_json().encode()
         write_bytes_durable(tmp / MANIFEST, text)

@@ -3,8 +3,9 @@
     selection = select_strategy(config, Topology.from_env())
     model = selection.strategy.wrap(model)
 
-``auto`` picks ``ddp`` when several ranks were launched, ``single`` with one visible GPU, ``cpu``
-otherwise, and says why.
+``auto`` picks ``tp`` when ``mesh`` has a tp axis or a ``tp_plan`` is given, ``fsdp`` for a
+``mesh`` of data axes, ``ddp`` when several ranks were launched, ``single`` with one visible GPU,
+``cpu`` otherwise, and says why.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "dp": ("paratrain.strategies.dp", "DataParallelStrategy"),
     "ddp": ("paratrain.strategies.ddp", "DDPStrategy"),
     "fsdp": ("paratrain.strategies.fsdp", "FSDPStrategy"),
+    "tp": ("paratrain.strategies.tp", "TensorParallelStrategy"),
 }
 assert tuple(REGISTRY) == STRATEGY_NAMES, "config.STRATEGY_NAMES and REGISTRY must agree"
 
@@ -58,7 +60,11 @@ def resolve_accelerator(config: RunConfig, gpus: int) -> str:
     return config.accelerator
 
 
-def _auto(topology: Topology, accelerator: str, gpus: int) -> tuple[str, str]:
+def _auto(config: RunConfig, topology: Topology, accelerator: str, gpus: int) -> tuple[str, str]:
+    if config.tp_plan is not None or (config.mesh or {}).get("tp", 1) != 1:
+        return "tp", "tp_plan or a tp axis in mesh was given"
+    if config.mesh is not None:
+        return "fsdp", "mesh was given"
     if topology.world_size > 1:
         return "ddp", f"{topology.world_size} ranks were launched ({topology.source})"
     if accelerator == "cuda":
@@ -97,7 +103,7 @@ def select_strategy(config: RunConfig, topology: Topology, gpus: int | None = No
             "whose all-reduce cannot compress to bf16. Use comm_hook='fp16', or drop comm_hook."
         )
     if config.strategy == "auto":
-        name, reason = _auto(topology, accelerator, gpus)
+        name, reason = _auto(config, topology, accelerator, gpus)
     else:
         name, reason = config.strategy, "asked for"
     cls = strategy_class(name)
@@ -117,9 +123,17 @@ _OPTIONS_OF: dict[str, dict[str, object]] = {
         "powersgd_rank": 1,
         "powersgd_warmup": 10,
     },
-    "fsdp": {"fsdp_wrap": (), "fsdp_reshard_after_forward": True, "fsdp_offload": False},
+    "fsdp": {
+        "fsdp_wrap": (),
+        "fsdp_reshard_after_forward": True,
+        "fsdp_offload": False,
+        "mesh": None,
+    },
+    "tp": {"tp_plan": None},
     "dp": {"device_ids": None},
 }
+# Strategies that also read another's options: tp shards over the data axes as fsdp does.
+_ALSO_READS = {"tp": ("fsdp",)}
 
 
 def _foreign_options(config: RunConfig, chosen: str) -> list[str]:
@@ -128,10 +142,12 @@ def _foreign_options(config: RunConfig, chosen: str) -> list[str]:
     notes = []
     for owner, options in _OPTIONS_OF.items():
         for option, unused in options.items():
-            if owner != chosen and getattr(config, option) != unused:
+            readers = (owner, *(s for s, also in _ALSO_READS.items() if owner in also))
+            if chosen not in readers and getattr(config, option) != unused:
+                names = " or ".join(repr(r) for r in readers)
                 message = (
-                    f"{option} is a {owner!r} option, but the strategy is {chosen!r}, which "
-                    f"ignores it. Drop {option}, or use strategy={owner!r}."
+                    f"{option} is a {names} option, but the strategy is {chosen!r}, which "
+                    f"ignores it. Drop {option}, or use strategy={readers[-1]!r}."
                 )
                 if config.strategy != "auto":
                     raise ConfigError(message)

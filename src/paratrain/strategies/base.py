@@ -17,6 +17,7 @@ from torch import nn
 
 from paratrain.config import RunConfig
 from paratrain.errors import ConfigError, EnvironmentMismatchError, ModelError
+from paratrain.mesh import MeshShape
 from paratrain.topology import Topology
 
 
@@ -35,6 +36,32 @@ class Strategy:
         self.config = config
         self.topology = topology
         self.device = device
+        self.shape = self.mesh_shape(config, topology)
+        """Mesh axes of this run (every rank on ``dp`` unless the strategy reads ``mesh``)."""
+        self.notes: list[str] = []
+        """Lines for the main process to print after ``wrap`` (what a plan chose)."""
+
+    @classmethod
+    def mesh_shape(cls, config: RunConfig, topology: Topology) -> MeshShape:
+        """The mesh this strategy runs on; strategies that read ``config.mesh`` override it."""
+        return MeshShape.resolve(None, topology.world_size)
+
+    def recorded_mesh(self) -> dict[str, int] | None:
+        """The mesh a checkpoint records: None when every rank is on ``dp`` (formats 1-4)."""
+        sizes = self.shape.sizes
+        if sizes["tp"] == 1 and sizes["dp_replicate"] == 1:
+            return None
+        return dict(sizes)
+
+    @property
+    def data_rank(self) -> int:
+        """Which share of the data this rank reads (ranks of one tp group share one)."""
+        return self.shape.data_rank(self.topology.rank)
+
+    @property
+    def data_size(self) -> int:
+        """How many different shares the data is split into (world size without tp)."""
+        return self.shape.data_size
 
     @classmethod
     def check(cls, config: RunConfig, topology: Topology, accelerator: str, gpus: int) -> None:

@@ -6,6 +6,9 @@ FSDP2 shards each rank's local copy; ``wrap`` first broadcasts rank 0's initial 
 copies agree. Buffers (BatchNorm statistics) stay per rank while training and are averaged over
 ranks before each evaluation pass and each save.
 
+``mesh={"dp_replicate": r, "dp": s}`` is HSDP: each group of ``s`` ranks shards the state, and
+the ``r`` groups hold replicas (gradients reduce-scattered within a group, all-reduced across).
+
 ``precision="bf16"`` uses FSDP2's ``MixedPrecisionPolicy``: parameters are all-gathered and
 computed in bf16 (half the traffic and memory of the gathered copy), gradients reduced in fp32,
 and the sharded fp32 parameters stay the optimizer's; autocast still runs the forward pass, so
@@ -22,7 +25,7 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
     FSDPModule,
@@ -33,6 +36,7 @@ from torch.distributed.fsdp import (
 
 from paratrain.config import RunConfig
 from paratrain.errors import ConfigError
+from paratrain.mesh import MeshShape
 from paratrain.module_policy import selected
 from paratrain.strategies.base import Strategy, average_buffers
 from paratrain.strategies.ddp import check_ranks_fit_gpus
@@ -40,7 +44,7 @@ from paratrain.topology import Topology
 
 
 class FSDPStrategy(Strategy):
-    """Shard the model with ``fully_shard`` over a 1-D device mesh of all ranks."""
+    """Shard the model with ``fully_shard`` over the ``dp`` axis (HSDP with ``dp_replicate``)."""
 
     name: ClassVar[str] = "fsdp"
     multi_process: ClassVar[bool] = True
@@ -56,7 +60,25 @@ class FSDPStrategy(Strategy):
                 "memory, where CPU ranks keep it already. Drop fsdp_offload, or train on GPUs."
             )
 
+    @classmethod
+    def mesh_shape(cls, config: RunConfig, topology: Topology) -> MeshShape:
+        shape = MeshShape.resolve(config.mesh, topology.world_size)
+        if shape.sizes["tp"] > 1:
+            raise ConfigError(
+                f"mesh={config.mesh!r} has a tp axis, which strategy 'fsdp' does not split. Use "
+                "strategy='tp' (tensor parallel over tp, FSDP over dp), or drop the tp axis."
+            )
+        return shape
+
     def wrap(self, model: nn.Module) -> nn.Module:
+        model = self.place(model)
+        mesh = self.shape.build(self.device.type)
+        data = self.shape.data_submesh(mesh)
+        assert data is not None or self.shape.world_size == 1
+        return self.shard(model, data if data is not None else mesh["dp"])
+
+    def place(self, model: nn.Module) -> nn.Module:
+        """On this rank's device, with rank 0's initial values on every rank."""
         if self.config.sync_batchnorm:
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # type: ignore[no-untyped-call]
         model = model.to(self.device)
@@ -64,7 +86,10 @@ class FSDPStrategy(Strategy):
         # state each rank built its model with (rank 0's values win, as in DDP).
         for tensor in [*model.parameters(), *model.buffers()]:
             dist.broadcast(tensor.data, src=0)
-        mesh = init_device_mesh(self.device.type, (self.topology.world_size,))
+        return model
+
+    def shard(self, model: nn.Module, mesh: DeviceMesh) -> nn.Module:
+        """``fully_shard`` every ``fsdp_wrap`` unit and the root over ``mesh`` (2-D: HSDP)."""
         options: dict[str, Any] = {
             "mesh": mesh,
             "reshard_after_forward": self.config.fsdp_reshard_after_forward,

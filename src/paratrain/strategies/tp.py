@@ -1,0 +1,112 @@
+"""``tp``: tensor parallel — layers split over the ``tp`` mesh axis, FSDP2 over the data axes.
+
+    pt.Run(strategy="tp", tp_plan=pt.tp.mlp("mlp"))                      # every rank on tp
+    pt.Run(strategy="tp", mesh={"dp": -1, "tp": 2}, tp_plan="auto")      # FSDP x TP (2-D)
+    pt.Run(strategy="tp", mesh={"dp_replicate": 2, "dp": 2, "tp": 2}, tp_plan=plan)  # HSDP x TP
+
+``wrap`` gives every rank rank 0's initial weights, divides the head counts the plan names,
+splits the planned layers with DTensor's ``parallelize_module`` over the ``tp`` axis, then, when
+the data axes have more than one rank, shards everything with ``fully_shard`` over them (as
+``fsdp`` does, with its ``fsdp_*`` options and bf16 ``MixedPrecisionPolicy``). Ranks of one tp
+group read the same batch (``run.data_rank``) and share one random stream, so dropout on
+activations they all hold stays identical. See :mod:`paratrain.tp` for plans.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor.parallel import parallelize_module
+
+from paratrain import tp
+from paratrain.config import RunConfig
+from paratrain.errors import ConfigError
+from paratrain.mesh import MeshShape
+from paratrain.strategies.fsdp import FSDPStrategy
+from paratrain.topology import Topology
+
+
+class TensorParallelStrategy(FSDPStrategy):
+    """Split layers with a tensor-parallel plan; FSDP over the data-parallel axes, if any."""
+
+    name: ClassVar[str] = "tp"
+
+    @classmethod
+    def mesh_shape(cls, config: RunConfig, topology: Topology) -> MeshShape:
+        shape = MeshShape.resolve(config.mesh or {"tp": -1}, topology.world_size)
+        if shape.sizes["tp"] == 1 and topology.world_size > 1:
+            raise ConfigError(
+                f"strategy 'tp' with mesh={config.mesh!r}: the tp axis has one rank, so nothing "
+                "is split. Give tp a size, e.g. mesh={'dp': -1, 'tp': 2}, or use strategy="
+                "'fsdp' for data parallelism alone."
+            )
+        return shape
+
+    @classmethod
+    def check(cls, config: RunConfig, topology: Topology, accelerator: str, gpus: int) -> None:
+        super().check(config, topology, accelerator, gpus)
+        if config.tp_plan is None:
+            raise ConfigError(
+                "strategy 'tp' needs tp_plan: which layers to split. Pass tp_plan='auto' (the "
+                "MLPs paratrain can prove safe), paratrain.tp.mlp(...) | paratrain.tp.attention"
+                "(...), or a dict of module name to 'colwise'/'rowwise'."
+            )
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        model = self.place(model)
+        mesh = self.shape.build(self.device.type)
+        size = self.shape.sizes["tp"]
+        plan = tp.resolve(model, self.config.tp_plan, size)
+        for module, _, attr in plan.heads:
+            setattr(module, attr, getattr(module, attr) // size)
+        parallelize_module(model, mesh["tp"], plan.styles)
+        styles = ", ".join(f"{n} {type(s).__name__}" for n, s in plan.styles.items())
+        self.notes.append(f"paratrain: tensor parallel over tp {size}: {styles}")
+        for module, name, attr in plan.heads:
+            self.notes.append(
+                f"paratrain: {name}.{attr} = {getattr(module, attr)} heads per rank (of "
+                f"{getattr(module, attr) * size})"
+            )
+        data = self.shape.data_submesh(mesh)
+        if data is not None:
+            model = self.shard(model, data)
+        return model
+
+    def clip_grad_norm(self, params: list[torch.Tensor], max_norm: float) -> float:
+        """Clip by the global norm when parameters live on different meshes (tp layers on the
+        2-D mesh, the rest on the data axes, or plain tensors): one all-reduce of the summed
+        squares, each replicated copy counted once."""
+        grads = [p.grad for p in params if p.grad is not None]
+        if not grads:
+            return 0.0
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        squares = torch.zeros((), dtype=torch.float64, device=self.device)
+        for grad in grads:
+            local, copies = _local_and_copies(grad, world)
+            norm = torch.linalg.vector_norm(local, dtype=torch.float64)
+            squares += norm * norm / copies
+        if world > 1:
+            dist.all_reduce(squares)
+        total = float(squares.sqrt())
+        coefficient = max_norm / (total + 1e-6)
+        if coefficient < 1.0:
+            for grad in grads:
+                local = grad.to_local() if isinstance(grad, DTensor) else grad
+                local.mul_(coefficient)
+        return total
+
+
+def _local_and_copies(grad: torch.Tensor, world: int) -> tuple[torch.Tensor, float]:
+    """This rank's part of ``grad`` and how many ranks hold an identical part."""
+    if not isinstance(grad, DTensor):
+        return grad, float(world)  # a plain parameter: the same gradient on every rank
+    mesh = grad.device_mesh
+    replicated = math.prod(
+        mesh.size(dim) for dim, p in enumerate(grad.placements) if isinstance(p, Replicate)
+    )
+    return grad.to_local(), float(replicated * world // mesh.size())
