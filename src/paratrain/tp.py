@@ -216,7 +216,9 @@ def _matches(pattern: str, modules: Mapping[str, nn.Module]) -> list[str]:
 
 def _no_match(pattern: str, model: nn.Module, modules: Mapping[str, nn.Module]) -> str:
     linears = [n for n, m in modules.items() if isinstance(m, (nn.Linear, nn.Embedding))]
-    close = difflib.get_close_matches(pattern, linears, n=3, cutoff=0.5)
+    # compare like with like: 'layers.*.attn.q_prj' against 'layers.*.attn.q_proj'
+    shapes = list(dict.fromkeys(_as_pattern(n, pattern) for n in linears))
+    close = difflib.get_close_matches(pattern, shapes, n=3, cutoff=0.5)
     hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
     listed = ", ".join(linears[:12]) + (", ..." if len(linears) > 12 else "")
     return (
@@ -226,14 +228,28 @@ def _no_match(pattern: str, model: nn.Module, modules: Mapping[str, nn.Module]) 
     )
 
 
+def _as_pattern(name: str, pattern: str) -> str:
+    """``name`` with a '*' wherever ``pattern`` has one (same depth), else ``name``."""
+    parts, atoms = name.split("."), pattern.split(".")
+    if len(parts) != len(atoms):
+        return name
+    return ".".join("*" if a == "*" else p for p, a in zip(parts, atoms, strict=True))
+
+
 def _check_divisible(name: str, module: nn.Module, style: str, tp: int) -> None:
     if style == "sequence":
         return
     if not isinstance(module, (nn.Linear, nn.Embedding)):
+        inner = [
+            f"{name}.{n}"
+            for n, m in module.named_modules()
+            if n and isinstance(m, (nn.Linear, nn.Embedding))
+        ]
+        hint = f"Name the Linear inside it ({inner[0]!r})" if inner else "Name a Linear layer"
         raise ModelError(
             f"tp_plan makes {name!r} ({type(module).__name__}) {style}, but the colwise and "
-            "rowwise styles split nn.Linear and nn.Embedding layers. Name the Linear inside it "
-            f"(e.g. '{name}.fc1'), or pass a ParallelStyle object for a custom module."
+            f"rowwise styles split nn.Linear and nn.Embedding layers. {hint}, or pass a "
+            "ParallelStyle object for a custom module."
         )
     if isinstance(module, nn.Linear):
         size, what = (

@@ -66,6 +66,7 @@ class Strategy:
     @classmethod
     def check(cls, config: RunConfig, topology: Topology, accelerator: str, gpus: int) -> None:
         """Raise when this strategy cannot run as configured on this machine."""
+        cls.mesh_shape(config, topology)  # the mesh arithmetic first: it names the world size
         if cls.needs_cuda and accelerator != "cuda":
             asked = config.accelerator if config.accelerator != "auto" else accelerator + "-auto"
             raise EnvironmentMismatchError(
