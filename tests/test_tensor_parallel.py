@@ -13,6 +13,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import paratrain as pt
+from paratrain.checkpoint.inspection import convert, inspect
 from tests.support.distributed import run_distributed
 from tests.support.training import max_abs_diff, mlp
 
@@ -205,6 +206,12 @@ def test_tp_checkpoint_resumes_under_ddp_and_one_process() -> None:
         manifest = json_of(ckpt)
         assert manifest["mesh"] == {"dp_replicate": 1, "dp": 1, "tp": 2}
         assert manifest["format_version"] == 5 and manifest["global_batch"] == GLOBAL_BATCH
+        (folder,) = (p for p in Path(ckpt).iterdir() if p.name.startswith("step-"))
+        assert inspect(folder)["saved_by"]["mesh"] == "tp 2"
+        convert(folder, Path(work) / "full.pt", to="pt")  # one unsharded file
+        full = torch.load(Path(work) / "full.pt", weights_only=True)
+        at_save = train(strategy="cpu", steps=3)["weights"]
+        assert max_abs_diff(full, at_save) <= 1e-5
         ddp = run_distributed(_resume, 2, ckpt, dict(strategy="ddp"))[0]
         alone = _resume(ckpt, dict(strategy="cpu"))
     ref = train(strategy="cpu", steps=6)
@@ -217,6 +224,8 @@ def test_fsdp_tp_checkpoint_resumes_under_fsdp_at_half_the_ranks() -> None:
     with tempfile.TemporaryDirectory() as work:
         ckpt = str(Path(work) / "ckpt")
         run_distributed(_save, 4, ckpt, dict(strategy="tp", mesh={"dp": 2, "tp": 2}, tp_plan=PLAN))
+        (folder,) = (p for p in Path(ckpt).iterdir() if p.name.startswith("step-"))
+        assert inspect(folder)["saved_by"]["mesh"] == "dp 2 x tp 2"
         fsdp = run_distributed(_resume, 2, ckpt, dict(strategy="fsdp"))[0]
     ref = train(strategy="cpu", steps=6)
     assert fsdp["steps"] == 6

@@ -88,6 +88,7 @@ def _saved_run(folder: Path) -> dict[str, Any]:
         "saved_by": {
             "strategy": manifest.strategy,
             "world_size": manifest.world_size,
+            "mesh": _mesh_words(manifest.mesh, manifest.world_size),
             "layout": manifest.layout,
             "global_batch": manifest.global_batch,
             "paratrain": manifest.paratrain_version,
@@ -107,6 +108,12 @@ def _saved_run(folder: Path) -> dict[str, Any]:
             "extras": sorted(map(str, extras)) if isinstance(extras, dict) else [],
         },
     }
+
+
+def _mesh_words(mesh: dict[str, int] | None, world_size: int) -> str:
+    """``dp 2 x tp 2``: the axes larger than one (every rank on dp when none was recorded)."""
+    axes = [f"{a} {n}" for a, n in (mesh or {"dp": world_size}).items() if n > 1]
+    return " x ".join(axes) or "one rank"
 
 
 def _names(entry: object) -> list[str]:
