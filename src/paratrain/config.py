@@ -26,7 +26,7 @@ from paratrain.errors import ConfigError
 from paratrain.mesh import check_mesh_setting
 from paratrain.module_policy import ModulePolicy
 from paratrain.paths import check_creatable
-from paratrain.tp import TPPlan, check_tp_plan
+from paratrain.tp import PlanSetting, check_tp_plan
 
 STRATEGY_NAMES = ("cpu", "single", "dp", "ddp", "fsdp", "tp")
 """Every strategy name; :mod:`paratrain.strategies` maps each to its class."""
@@ -114,7 +114,7 @@ class RunConfig:
     (replicate; with ``dp``: HSDP), ``dp`` (FSDP shards), ``tp`` (tensor parallel); one size may
     be -1 (what the world size leaves), e.g. ``{'dp': -1, 'tp': 2}``. None: every rank on
     ``dp`` (``fsdp``) or on ``tp`` (``tp``)."""
-    tp_plan: TPPlan | None = None
+    tp_plan: PlanSetting | None = None
     """``tp``: which layers to split: ``'auto'`` (the MLPs it can prove safe), a dict of module
     name pattern to ``'colwise'``/``'rowwise'``/``'sequence'`` or a DTensor ParallelStyle, or
     plans from ``paratrain.tp`` (``mlp``, ``attention``) joined with ``|``."""

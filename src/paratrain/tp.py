@@ -75,6 +75,10 @@ class TPPlan:
         return TPPlan({**self.styles, **other.styles}, {**self.heads, **other.heads})
 
 
+PlanSetting = TPPlan | Mapping[str, Any] | str
+"""What ``RunConfig.tp_plan`` takes: a plan, a dict of pattern to style, or ``"auto"``."""
+
+
 def mlp(block: str, *, up: str | Iterable[str] = "fc1", down: str = "fc2") -> TPPlan:
     """Split an MLP block: the ``up`` Linears (a gated MLP has two, e.g. ``("w1", "w3")``)
     column-wise, ``down`` row-wise. ``block`` is the module name or pattern holding them."""

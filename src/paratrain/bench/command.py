@@ -138,7 +138,8 @@ def run_bench(args: argparse.Namespace) -> int:
     strategies, precisions, nprocs, compare = _parse(args)
     check_installed(compare)  # before any rank starts
     margs = model_args(args)
-    check_model(build_spec(**margs), args.batch_size)
+    spec = build_spec(**margs)
+    check_model(spec, args.batch_size)
     settings = Settings(
         batch_size=args.batch_size,
         steps=args.steps,
@@ -151,7 +152,9 @@ def run_bench(args: argparse.Namespace) -> int:
     )
     run_dir = args.run_dir or Path("runs/bench") / time.strftime("%Y%m%d-%H%M%S")
     make_folder(run_dir, "--run-dir")
-    plan = make_plan(strategies, precisions, nprocs)
+    with torch.device("meta"):
+        shapes = spec.build()
+    plan = make_plan(strategies, precisions, nprocs, shapes)
     rows = run_plan(
         plan,
         margs,

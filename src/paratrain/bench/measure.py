@@ -67,7 +67,12 @@ def _batches(
 def paratrain_loop(spec: ModelSpec, config: Config, settings: Settings) -> Loop:
     """The paratrain loop for ``config``, set up and ready to step."""
     with contextlib.redirect_stdout(io.StringIO()):
-        run = pt.Run(strategy=config.strategy, precision=config.precision, progress=False)
+        run = pt.Run(
+            strategy=config.strategy,
+            precision=config.precision,
+            tp_plan="auto" if config.strategy == "tp" else None,
+            progress=False,
+        )
     try:
         torch.manual_seed(0)
         model = spec.build()
@@ -119,6 +124,20 @@ def reference_loop(spec: ModelSpec, config: Config, settings: Settings) -> Loop:
         from torch.distributed.fsdp import fully_shard
 
         fully_shard(model, mesh=init_device_mesh(device.type, (dist.get_world_size(),)))
+    elif config.strategy == "tp":  # torch's own API, on the layers tp_plan="auto" picks
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import (
+            ColwiseParallel,
+            RowwiseParallel,
+            parallelize_module,
+        )
+
+        from paratrain.tp import auto_plan
+
+        styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+        plan = {name: styles[style]() for name, style in auto_plan(model).styles.items()}
+        parallelize_module(model, mesh, plan)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     scaler = torch.amp.GradScaler(device.type) if config.precision == "fp16" else None
     dtype = _DTYPES.get(config.precision)
@@ -211,7 +230,8 @@ def measure_config(spec: ModelSpec, config: Config, settings: Settings) -> dict[
             peers, skipped = start_peers(settings.compare, spec, config, settings, stack)
         rounds, step_times, noisy = _rounds([ours, ref, *peers.values()], settings)
     world = dist.get_world_size() if dist.is_initialized() else 1
-    per_step = settings.batch_size * world * settings.steps
+    data_ranks = 1 if config.strategy == "tp" else world  # a tp group shares one batch
+    per_step = settings.batch_size * data_ranks * settings.steps
     low, high = median_interval([t[1] / t[0] for t in rounds])
     step_times.sort()
     result: dict[str, Any] = {

@@ -203,6 +203,8 @@ def accelerate_loop(spec: ModelSpec, config: Config, settings: Settings) -> Loop
     """
     if config.strategy == "dp":
         raise PeerSkipped("Accelerate has no nn.DataParallel mode (one process per device: ddp)")
+    if config.strategy == "tp":
+        raise PeerSkipped("not compared: Accelerate's tensor parallelism needs its own model plan")
     from accelerate import Accelerator
 
     _reset_accelerate()
@@ -275,6 +277,8 @@ def fabric_loop(spec: ModelSpec, config: Config, settings: Settings) -> Loop:
     loop.step(*next(loop.batches))
     """
     device = bench_device()
+    if config.strategy == "tp":
+        raise PeerSkipped("not compared: Fabric's ModelParallelStrategy takes its own function")
     if config.strategy == "fsdp" and device.type != "cuda":
         raise PeerSkipped(f"Lightning Fabric runs FSDP only on GPUs, not on {device.type}")
     if config.precision == "fp16" and device.type == "cpu":

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch import nn
 
 from paratrain.bench.loops import Config, Settings
 from paratrain.bench.measure import measure_config
@@ -23,26 +24,39 @@ from paratrain.config import RunConfig
 from paratrain.errors import ParatrainError
 from paratrain.launcher.preflight import preflight
 from paratrain.launcher.ranks import FileGroup, RankFailedError, spawn_ranks
+from paratrain.tp import auto_plan
 
 
 def make_plan(
-    strategies: list[str], precisions: list[str], nprocs: list[int]
+    strategies: list[str],
+    precisions: list[str],
+    nprocs: list[int],
+    model: nn.Module | None = None,
 ) -> list[tuple[Config, str | None]]:
-    """Every configuration with ``None`` or the reason it cannot run on this machine."""
+    """Every configuration with ``None`` or the reason it cannot run on this machine.
+
+    ``model`` (built on the meta device) lets ``tp`` rows be skipped when ``tp_plan='auto'``
+    finds nothing to split in it."""
     gpus = torch.cuda.device_count()
     plan = []
     for nproc in nprocs:
         for strategy in strategies:
             for precision in precisions:
                 config = Config(strategy, precision, nproc)
-                plan.append((config, _why_not(config, gpus)))
+                plan.append((config, _why_not(config, gpus, model)))
     return plan
 
 
-def _why_not(config: Config, gpus: int) -> str | None:
+def _why_not(config: Config, gpus: int, model: nn.Module | None) -> str | None:
+    if config.strategy == "tp" and model is not None and not auto_plan(model).styles:
+        return "tp_plan='auto' finds no Linear pair it can split in this model."
     try:
         preflight(
-            RunConfig(strategy=config.strategy, precision=config.precision),
+            RunConfig(
+                strategy=config.strategy,
+                precision=config.precision,
+                tp_plan="auto" if config.strategy == "tp" else None,
+            ),
             nproc=config.nproc,
             gpus=gpus,
         )
