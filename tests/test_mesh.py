@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
@@ -227,3 +227,40 @@ def test_one_process_tp_run_trains_and_says_what_it_split(
         pytest.raises(ModelError, match="GELU"),
     ):
         run.setup(nn.Sequential(nn.Linear(4, 8), nn.GELU()))
+
+
+names = st.sampled_from(
+    [
+        "layers.0.mlp.0",
+        "layers.*.mlp.3",
+        "layers.*.attn.*_proj",
+        "norm",
+        "layers",
+        "*",
+        "",
+        "..",
+        "layers.9.mlp.0",
+        "layers.0.attn",
+        "layers.[01].mlp.0",
+        "x" * 300,
+    ]
+) | st.text(max_size=20)
+styles = (
+    st.sampled_from(["colwise", "rowwise", "sequence", "Colwise", "", "diagonal"]) | st.integers()
+)
+
+
+@settings(deadline=None)  # the first plan imports DTensor
+@given(plan=st.dictionaries(names, styles, max_size=5), tp=st.integers(1, 5))
+def test_any_plan_is_applied_or_refused_with_a_message(plan: dict[Any, Any], tp: int) -> None:
+    try:
+        check_tp_plan_and_resolve(plan, tp)
+    except (ConfigError, ModelError) as err:
+        assert str(err).endswith((".", ")", "?")) and len(str(err)) > 40
+
+
+def check_tp_plan_and_resolve(plan: dict[Any, Any], tp: int) -> None:
+    from paratrain.tp import check_tp_plan
+
+    check_tp_plan("tp_plan", plan)
+    resolve(Model(), plan, tp)
