@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo test lint typecheck pytest bench clean
+.PHONY: demo test lint typecheck pytest bench cuda-check clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -37,6 +37,10 @@ test: lint typecheck pytest
 bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/overhead.py
 	$(BIN)/python benchmarks/checkpoint_io.py
+
+# The CUDA paths (run on a GPU machine, with a CUDA build of torch: TORCH_SPEC=torch).
+cuda-check: $(VENV)/.installed
+	$(BIN)/python benchmarks/cuda_paths.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache
