@@ -19,7 +19,7 @@ from torch.utils.data import IterableDataset, TensorDataset
 import paratrain as pt
 from paratrain.data import make_loader
 from paratrain.errors import CheckpointError, ConfigError
-from paratrain.topology import Topology
+from tests.support.distributed import rank_of_two
 from tests.support.training import dataset, max_abs_diff, mlp
 
 
@@ -324,15 +324,7 @@ def test_iterable_dataset_on_several_ranks_is_warned_about() -> None:
         def warn(self, message: str) -> None:
             warnings.append(message)
 
-    topology = Topology(
-        rank=0,
-        local_rank=0,
-        world_size=2,
-        local_world_size=2,
-        master_addr="127.0.0.1",
-        master_port=1,
-        source="test",
-    )
+    topology = rank_of_two()
     make_loader(
         _Stream(),
         2,

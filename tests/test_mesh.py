@@ -17,6 +17,7 @@ import paratrain as pt
 from paratrain.errors import ConfigError, ModelError
 from paratrain.mesh import AXES, MeshShape, check_mesh_setting
 from paratrain.tp import TPPlan, attention, auto_plan, mlp, resolve
+from tests.support.distributed import rank_of_two
 
 sizes = st.dictionaries(st.sampled_from(AXES), st.integers(1, 6), min_size=1)
 
@@ -99,17 +100,8 @@ def test_impossible_layouts_fail_before_a_process_group(
 
 def test_fsdp_refuses_a_tp_axis() -> None:
     from paratrain.strategies.fsdp import FSDPStrategy
-    from paratrain.topology import Topology
 
-    two = Topology(
-        rank=0,
-        local_rank=0,
-        world_size=2,
-        local_world_size=2,
-        master_addr="127.0.0.1",
-        master_port=1,
-        source="test",
-    )
+    two = rank_of_two()
     with pytest.raises(ConfigError, match="has a tp axis, which strategy 'fsdp' does not split"):
         FSDPStrategy.mesh_shape(pt.RunConfig(mesh={"tp": 2}), two)
 

@@ -15,6 +15,20 @@ from collections.abc import Callable
 from typing import Any
 
 from paratrain.launcher.ranks import FileGroup, spawn_ranks
+from paratrain.topology import Topology
+
+
+def rank_of_two() -> Topology:
+    """Rank 0 of a 2-rank job on one machine, as a launcher would describe it (no group)."""
+    return Topology(
+        rank=0,
+        local_rank=0,
+        world_size=2,
+        local_world_size=2,
+        master_addr="127.0.0.1",
+        master_port=1,
+        source="test",
+    )
 
 
 def run_distributed(
