@@ -3,7 +3,7 @@
     shape = MeshShape.resolve({"dp": -1, "tp": 2}, world_size=8)   # dp 4 x tp 2
     shape.sizes                     # {"dp_replicate": 1, "dp": 4, "tp": 2}
     shape.data_rank(rank=5)         # 2: ranks 4 and 5 hold the same batch (one tp group)
-    mesh = shape.build("cuda")      # a DeviceMesh with the axes of size > 1, or all of them
+    mesh = shape.build("cuda")      # a DeviceMesh with all three axes (size-1 ones too)
 
 Axes, outermost first (the order torchtitan uses, so ``tp`` groups are neighbouring ranks, on one
 machine when it has at least ``tp`` GPUs):
