@@ -15,13 +15,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.distributed.checkpoint.api import CheckpointException
 
-import paratrain as pt
 from paratrain.checkpoint.dcp_io import RecordingWriter, SafePlanner, SafeReader
 from paratrain.checkpoint.files import BLOCK_BYTES, BlockDigests
 from paratrain.checkpoint.manifest import Manifest
 from paratrain.errors import CheckpointDamagedError
 from tests.support.distributed import run_distributed
-from tests.support.training import max_abs_diff, mlp, resume_saved, save_twice
+from tests.support.training import max_abs_diff, resume_saved, save_twice, saved_once
 
 
 def _state() -> dict[str, Any]:
@@ -159,11 +158,7 @@ def test_a_manifest_with_malformed_block_checksums_is_refused(
 ) -> None:
     from paratrain.errors import CheckpointError
 
-    with pt.Run(progress=False, ckpt_dir=str(tmp_path), seed=0) as run:
-        net = mlp()
-        run.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
-        folder = run.save()
-    assert folder is not None
+    folder = saved_once(tmp_path)
     raw = json.loads((folder / "manifest.json").read_text())
     assert raw["format_version"] == 3  # no block checksums: older readers still read it
     raw["files"]["dcp/__0_0.distcp"] = record
@@ -174,11 +169,7 @@ def test_a_manifest_with_malformed_block_checksums_is_refused(
 
 
 def test_a_manifest_without_its_checksum_file_still_reads(tmp_path: Path) -> None:
-    with pt.Run(progress=False, ckpt_dir=str(tmp_path), seed=0) as run:
-        net = mlp()
-        run.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
-        folder = run.save()
-    assert folder is not None
+    folder = saved_once(tmp_path)
     with_sum = Manifest.read(folder)
     (folder / "manifest.xxh3").unlink()  # a save written before the checksum file existed
     assert Manifest.read(folder) == with_sum

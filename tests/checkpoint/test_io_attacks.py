@@ -35,7 +35,7 @@ from paratrain.checkpoint.saved_tensor import saved_tensor
 from paratrain.errors import CheckpointDamagedError, CheckpointError
 from tests.support.distributed import run_distributed
 from tests.support.saved import PLAIN_DTYPES, in_buffer, saved_bytes
-from tests.support.training import dataset, mlp, resume_saved, save_twice
+from tests.support.training import dataset, mlp, resume_saved, save_twice, saved_once
 
 # -- saved_tensor: equal to torch.load, inside its record, refusing the rest ---------------------
 
@@ -558,11 +558,7 @@ def test_a_record_name_stored_twice_is_left_to_torch_load() -> None:
 
 
 def test_a_manifest_nested_too_deeply_is_a_checkpoint_error(tmp_path: Path) -> None:
-    with pt.Run(progress=False, ckpt_dir=str(tmp_path), seed=0) as run:
-        net = mlp()
-        run.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
-        folder = run.save()
-    assert folder is not None
+    folder = saved_once(tmp_path)
     raw = json.loads((folder / "manifest.json").read_text())
     text = json.dumps(raw)[:-1] + ', "deep": ' + "[" * 100_000 + "]" * 100_000 + "}"
     (folder / "manifest.json").write_text(text)

@@ -72,6 +72,16 @@ def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> floa
     return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
 
 
+def saved_once(root: str | Path) -> Path:
+    """A committed checkpoint of the untrained MLP with its SGD optimizer, in ``root``."""
+    with pt.Run(progress=False, ckpt_dir=str(root), seed=0) as run:
+        net = mlp()
+        run.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
+        folder = run.save()
+    assert folder is not None
+    return folder
+
+
 def save_twice(root: str | Path, strategy: str = "cpu") -> dict[int, dict[str, torch.Tensor]]:
     """Two AdamW steps of the MLP, saved after each; the full weights after step 1 and 2."""
     out: dict[int, dict[str, torch.Tensor]] = {}

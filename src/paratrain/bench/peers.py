@@ -173,6 +173,33 @@ def _quiet() -> Iterator[None]:
         logging.disable(previous)
 
 
+def _peer_loop(
+    backward: Any,
+    model: Any,
+    optimizer: Any,
+    spec: ModelSpec,
+    settings: Settings,
+    device: torch.device,
+    loader: Any,
+    *,
+    close: Any,
+) -> Loop:
+    """A peer's training step (zero, the peer's own ``backward``, step) as a :class:`Loop`."""
+
+    def step(x: Any, y: torch.Tensor) -> None:
+        optimizer.zero_grad(set_to_none=True)
+        backward(spec.loss(model(x), y))
+        optimizer.step()
+
+    return Loop(
+        step=step,
+        batches=_batches(spec, settings, device, loader),
+        device=device,
+        close=close,
+        parameters=lambda: list(model.parameters()),
+    )
+
+
 def _loader(spec: ModelSpec, settings: Settings) -> DataLoader[Any] | None:
     """The plain loader each library shards itself (None for the one fixed synthetic batch)."""
     if settings.data != "loader":
@@ -232,18 +259,15 @@ def accelerate_loop(spec: ModelSpec, config: Config, settings: Settings) -> Loop
         model, optimizer = accelerator.prepare(model, optimizer)
     else:
         model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-
-    def step(x: Any, y: torch.Tensor) -> None:
-        optimizer.zero_grad(set_to_none=True)
-        accelerator.backward(spec.loss(model(x), y))
-        optimizer.step()
-
-    return Loop(
-        step=step,
-        batches=_batches(spec, settings, accelerator.device, loader),
-        device=accelerator.device,
+    return _peer_loop(
+        accelerator.backward,
+        model,
+        optimizer,
+        spec,
+        settings,
+        accelerator.device,
+        loader,
         close=_reset_accelerate,
-        parameters=lambda: list(model.parameters()),
     )
 
 
@@ -301,18 +325,9 @@ def fabric_loop(spec: ModelSpec, config: Config, settings: Settings) -> Loop:
     loader = _loader(spec, settings)
     if loader is not None:
         loader = fabric.setup_dataloaders(loader)
-
-    def step(x: Any, y: torch.Tensor) -> None:
-        optimizer.zero_grad(set_to_none=True)
-        fabric.backward(spec.loss(model(x), y))
-        optimizer.step()
-
-    return Loop(
-        step=step,
-        batches=_batches(spec, settings, fabric.device, loader),
-        device=fabric.device,
-        close=lambda: None,  # Fabric tears nothing down that paratrain's spawner owns
-        parameters=lambda: list(model.parameters()),
+    # Fabric tears nothing down that paratrain's spawner owns
+    return _peer_loop(
+        fabric.backward, model, optimizer, spec, settings, fabric.device, loader, close=lambda: None
     )
 
 
