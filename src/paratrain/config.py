@@ -26,14 +26,16 @@ from paratrain.errors import ConfigError
 from paratrain.mesh import check_mesh_setting
 from paratrain.module_policy import ModulePolicy
 from paratrain.paths import check_creatable
+from paratrain.pipeline import SplitSetting, check_split_setting
 from paratrain.tp import PlanSetting, check_tp_plan
 
-STRATEGY_NAMES = ("cpu", "single", "dp", "ddp", "fsdp", "tp")
+STRATEGY_NAMES = ("cpu", "single", "dp", "ddp", "fsdp", "tp", "pipeline")
 """Every strategy name; :mod:`paratrain.strategies` maps each to its class."""
 PRECISIONS = ("fp32", "bf16", "fp16")
 ACCELERATORS = ("auto", "cpu", "cuda")
 BACKENDS = ("nccl", "gloo")
 COMM_HOOKS = ("fp16", "bf16", "powersgd")
+PIPELINE_SCHEDULES = ("1f1b", "gpipe", "interleaved_1f1b")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -41,7 +43,8 @@ class RunConfig:
     """Everything :class:`paratrain.Run` needs to know before the model exists."""
 
     strategy: str = "auto"
-    """How the model is placed and synchronised: auto, cpu, single, dp, ddp, fsdp or tp."""
+    """How the model is placed and synchronised: auto, cpu, single, dp, ddp, fsdp, tp or
+    pipeline."""
     accelerator: str = "auto"
     """Device kind: ``auto`` (cuda when a GPU is visible, else cpu), ``cpu`` or ``cuda``."""
     backend: str | None = None
@@ -110,14 +113,29 @@ class RunConfig:
     """``fsdp`` on GPUs: keep sharded parameters, gradients and optimizer state in host memory
     (``CPUOffloadPolicy``); the optimizer steps on the CPU."""
     mesh: dict[str, int] | None = None
-    """``fsdp``/``tp``: device mesh axes and sizes, outermost first: ``dp_replicate``
-    (replicate; with ``dp``: HSDP), ``dp`` (FSDP shards), ``tp`` (tensor parallel); one size may
-    be -1 (what the world size leaves), e.g. ``{'dp': -1, 'tp': 2}``. None: every rank on
-    ``dp`` (``fsdp``) or on ``tp`` (``tp``)."""
+    """``fsdp``/``tp``/``pipeline``: device mesh axes and sizes, outermost first: ``pp``
+    (pipeline stages), ``dp_replicate`` (replicate; with ``dp``: HSDP), ``dp`` (FSDP shards),
+    ``tp`` (tensor parallel); one size may be -1 (what the world size leaves), e.g.
+    ``{'dp': -1, 'tp': 2}``. None: every rank on ``dp`` (``fsdp``), ``tp`` (``tp``) or ``pp``
+    (``pipeline``)."""
     tp_plan: PlanSetting | None = None
     """``tp``: which layers to split: ``'auto'`` (the MLPs it can prove safe), a dict of module
     name pattern to ``'colwise'``/``'rowwise'``/``'sequence'`` or a DTensor ParallelStyle, or
     plans from ``paratrain.tp`` (``mlp``, ``attention``) joined with ``|``."""
+    pipeline_split: SplitSetting | None = None
+    """``pipeline``: where stages begin, as layer names of an ``nn.Sequential`` model (e.g.
+    ``('layers.4',)``), or a function ``(model, stage, stages) -> module`` for any model; None
+    cuts an ``nn.Sequential`` into stages of about equal parameter count."""
+    pipeline_schedule: str = "1f1b"
+    """``pipeline``: ``1f1b`` (one forward, one backward: activations of at most pp
+    micro-batches held), ``gpipe`` (all forwards, then all backwards), ``interleaved_1f1b``
+    (several stages per rank: a smaller bubble)."""
+    pipeline_stages: int | None = None
+    """``pipeline``: stages in all (a multiple of pp); default pp, twice pp for
+    ``interleaved_1f1b``, or what ``pipeline_split`` names."""
+    n_microbatches: int | None = None
+    """``pipeline``: micro-batches each per-rank batch is split into (it must divide the batch);
+    default one per stage. More shrink the idle bubble, fewer make larger matrix products."""
     activation_checkpointing: ModulePolicy = ()
     """Module types (or a predicate) whose activations are recomputed in backward."""
     num_workers: int | None = None
@@ -300,10 +318,18 @@ _RULES: dict[str, Rule] = {
     "fsdp_wrap": POLICY,
     "fsdp_reshard_after_forward": FLAG,
     "fsdp_offload": FLAG,
-    "mesh": Rule(check_mesh_setting, "dict of axis (`dp_replicate`, `dp`, `tp`) to size, None"),
+    "mesh": Rule(
+        check_mesh_setting, "dict of axis (`pp`, `dp_replicate`, `dp`, `tp`) to size, None"
+    ),
     "tp_plan": Rule(
         check_tp_plan, "`auto`, dict of name pattern to style, `paratrain.tp` plan, None"
     ),
+    "pipeline_split": Rule(
+        check_split_setting, "tuple of layer names, function (model, stage, stages) -> module, None"
+    ),
+    "pipeline_schedule": _choice(PIPELINE_SCHEDULES),
+    "pipeline_stages": _whole(low=1, high=4096, optional=True),
+    "n_microbatches": _whole(low=1, high=2**20, optional=True),
     "activation_checkpointing": POLICY,
     "num_workers": _whole(low=0, high=1024, optional=True),
     "extra": Rule(_mapping, "dict"),

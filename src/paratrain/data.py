@@ -188,6 +188,14 @@ class DeviceLoader(Generic[T]):
             return self._batches(sampler.length_from(self._next_pass()[1]))
         return len(self.loader)
 
+    def last_batch_size(self) -> int | None:
+        """Samples in the last batch of a full pass when it is a short one, else None."""
+        sampler = self.loader.sampler
+        size = self.loader.batch_size or 1
+        if self.loader.drop_last or not isinstance(sampler, ShardedSampler):
+            return None
+        return len(sampler) % size or None
+
     def _batches(self, samples: int) -> int:
         size = self.loader.batch_size or 1
         return samples // size if self.loader.drop_last else -(-samples // size)

@@ -126,13 +126,13 @@ class Job:
 
     @property
     def data_rank(self) -> int:
-        """Which share of the data this rank reads: ``rank`` unless ranks split layers (tp),
-        where each tp group shares one."""
+        """Which share of the data this rank reads: ``rank`` unless ranks split the model
+        (pp, tp), where each pipeline and each tp group shares one."""
         return self.strategy.data_rank
 
     @property
     def data_size(self) -> int:
-        """Into how many shares the data is split: ``world_size`` divided by the tp size."""
+        """Into how many shares the data is split: ``world_size`` divided by pp and tp sizes."""
         return self.strategy.data_size
 
     @property
@@ -164,9 +164,10 @@ class Job:
     def reduce(self, value: Number, op: str = "sum") -> Number:
         """All-reduce a number, numpy value or tensor over ranks (sum, mean, max, min).
 
-        With tensor parallelism the ranks of a tp group read the same batch: a sum counts each
-        group once, so ``run.reduce(correct, "sum")`` still counts every sample once."""
-        copies = self.strategy.shape.sizes["tp"]
+        With pipeline or tensor parallelism the ranks of a pipeline or tp group read the same
+        batch: a sum counts each group once, so ``run.reduce(correct, "sum")`` still counts
+        every sample once."""
+        copies = self.strategy.shape.copies
         return collectives.reduce(value, op, device=self.device, copies=copies)
 
     def gather(self, value: Any) -> list[Any]:

@@ -1,13 +1,15 @@
 """The device mesh of a run: named axes, their sizes, and what each rank's coordinates mean.
 
     shape = MeshShape.resolve({"dp": -1, "tp": 2}, world_size=8)   # dp 4 x tp 2
-    shape.sizes                     # {"dp_replicate": 1, "dp": 4, "tp": 2}
+    shape.sizes                     # {"pp": 1, "dp_replicate": 1, "dp": 4, "tp": 2}
     shape.data_rank(rank=5)         # 2: ranks 4 and 5 hold the same batch (one tp group)
-    mesh = shape.build("cuda")      # a DeviceMesh with all three axes (size-1 ones too)
+    mesh = shape.build("cuda")      # a DeviceMesh with all four axes (size-1 ones too)
 
 Axes, outermost first (the order torchtitan uses, so ``tp`` groups are neighbouring ranks, on one
 machine when it has at least ``tp`` GPUs):
 
+- ``pp``: pipeline parallel, each rank along it holds different layers (stages) and every rank
+  of a pipeline sees the same batch;
 - ``dp_replicate``: data parallel, a full copy of the (dp-sharded) state per group — with ``dp``
   this is HSDP (replicate across groups, shard within);
 - ``dp``: data parallel, state sharded with FSDP2 (``fully_shard``);
@@ -30,7 +32,7 @@ from paratrain.errors import ConfigError
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-AXES = ("dp_replicate", "dp", "tp")
+AXES = ("pp", "dp_replicate", "dp", "tp")
 """Every axis name, outermost first."""
 DATA_AXES = ("dp_replicate", "dp")
 """Axes over which ranks see different data."""
@@ -48,8 +50,9 @@ def check_mesh_setting(name: str, value: object) -> None:
     for axis, size in value.items():
         if axis not in AXES:
             raise ConfigError(
-                f"{name} has an unknown axis {axis!r}. Axes: {', '.join(AXES)} (dp shards with "
-                f"FSDP, dp_replicate replicates, tp splits layers), e.g. {example}."
+                f"{name} has an unknown axis {axis!r}. Axes: {', '.join(AXES)} (pp pipelines "
+                "stages, dp shards with FSDP, dp_replicate replicates, tp splits layers), e.g. "
+                f"{example}."
             )
         if isinstance(size, bool) or not isinstance(size, int) or not (size >= 1 or size == -1):
             raise ConfigError(
@@ -103,9 +106,15 @@ class MeshShape:
         """Ranks that see different data: dp_replicate x dp."""
         return math.prod(self.sizes[a] for a in DATA_AXES)
 
+    @property
+    def copies(self) -> int:
+        """Ranks that read each share of the data: one pipeline x one tp group."""
+        return self.sizes["pp"] * self.sizes["tp"]
+
     def data_rank(self, rank: int) -> int:
-        """Which share of the data ``rank`` reads (ranks of one ``tp`` group read the same)."""
-        return rank // self.sizes["tp"]
+        """Which share of the data ``rank`` reads (the ranks of one pipeline and of one ``tp``
+        group read the same)."""
+        return (rank % (self.data_size * self.sizes["tp"])) // self.sizes["tp"]
 
     def axes(self) -> dict[str, int]:
         """The axes larger than 1 (every axis if all are 1), outermost first."""
@@ -116,16 +125,22 @@ class MeshShape:
         """``dp_replicate 2 x dp 2 x tp 2``: the axes larger than 1."""
         return " x ".join(f"{axis} {size}" for axis, size in self.axes().items())
 
+    def recorded(self) -> dict[str, int]:
+        """The sizes a checkpoint records (``pp`` only when it is used: older checkpoints
+        record three axes, and a size-1 ``pp`` must compare equal to them)."""
+        return {axis: size for axis, size in self.sizes.items() if axis != "pp" or size > 1}
+
     def build(self, device_type: str) -> DeviceMesh:
         """The DeviceMesh over all ranks with every axis, size-1 ones included, so that
-        ``mesh["tp"]`` and ``mesh["dp_replicate", "dp"]`` always exist (collective)."""
+        ``mesh["pp"]``, ``mesh["tp"]`` and ``mesh["dp_replicate", "dp"]`` always exist
+        (collective)."""
         from torch.distributed.device_mesh import init_device_mesh
 
         return init_device_mesh(device_type, tuple(self.sizes.values()), mesh_dim_names=AXES)
 
     def data_submesh(self, mesh: DeviceMesh) -> DeviceMesh | None:
         """The part of ``mesh`` FSDP shards over: ``dp``, or ``(dp_replicate, dp)`` for HSDP
-        (replicate-only: shards of one rank, which is replication). None for tp alone."""
+        (replicate-only: shards of one rank, which is replication). None for pp/tp alone."""
         if self.data_size == 1:
             return None
         if self.sizes["dp_replicate"] > 1:

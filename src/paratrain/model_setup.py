@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -107,9 +108,16 @@ def check_disjoint(optimizers: tuple[Optimizer, ...], names: dict[int, str]) -> 
 
 
 def rebind_optimizer(
-    optimizer: Optimizer, names: dict[int, str], params: dict[str, nn.Parameter]
+    optimizer: Optimizer,
+    names: dict[int, str],
+    params: dict[str, nn.Parameter],
+    *,
+    partial: bool = False,
 ) -> None:
-    """Replace each parameter in ``optimizer`` that the strategy swapped, matched by name."""
+    """Replace each parameter in ``optimizer`` that the strategy swapped, matched by name.
+
+    ``partial``: the rank holds some layers only (pipeline stages); the others' parameters
+    leave the optimizer (a group may become empty: its settings stay for the checkpoint)."""
     current = {id(p) for p in params.values()}
     for group in optimizer.param_groups:
         rebound: list[torch.Tensor] = []
@@ -118,6 +126,8 @@ def rebind_optimizer(
                 rebound.append(p)
                 continue
             name = names.get(id(p))
+            if partial and name is not None and name not in params:
+                continue  # a layer of another stage
             if name is None or name not in params:
                 raise ModelError(
                     "The optimizer holds a parameter that is not in the model given to run.setup. "
@@ -130,6 +140,44 @@ def rebind_optimizer(
                 )
             rebound.append(params[name])
         group["params"] = rebound
+
+
+def attach_loss(
+    model: nn.Module, loss_fn: Callable[[Any, Any], torch.Tensor], accum: Callable[[], int]
+) -> None:
+    """Make ``model(x, target=y)`` return ``loss_fn(model(x), y)``; ``model(x)`` is unchanged.
+
+    A pipeline computes the loss inside its schedule (and divides by ``accum()``, the
+    micro-batches per step); any other model gets forward hooks on its outermost wrapper, so
+    DataParallel computes the loss once on the gathered output."""
+    if not callable(loss_fn):
+        raise ModelError(
+            f"run.setup(loss_fn=...) must be a function (output, target) -> loss, e.g. "
+            f"torch.nn.functional.cross_entropy; got {type(loss_fn).__name__}."
+        )
+    use_loss = getattr(model, "use_loss", None)
+    if use_loss is not None:
+        use_loss(loss_fn, accum)
+        return
+    targets = threading.local()
+
+    def take_target(module: nn.Module, args: Any, kwargs: dict[str, Any]) -> Any:
+        stack = targets.__dict__.setdefault("stack", [])
+        stack.append(kwargs.pop("target", _NO_TARGET))
+        return args, kwargs
+
+    def compute_loss(module: nn.Module, args: Any, kwargs: Any, output: Any) -> Any:
+        stack = targets.__dict__.get("stack")
+        target = stack.pop() if stack else _NO_TARGET
+        if target is _NO_TARGET or output is None:  # None: the forward raised
+            return output
+        return loss_fn(output, target)
+
+    model.register_forward_pre_hook(take_target, with_kwargs=True)
+    model.register_forward_hook(compute_loss, with_kwargs=True, always_call=True)
+
+
+_NO_TARGET = object()
 
 
 def prepare_model(

@@ -27,7 +27,7 @@ first training action (``run.epochs``, a training loader's pass, ``accumulate``,
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -44,7 +44,7 @@ from paratrain.config import RunConfig
 from paratrain.errors import ConfigError
 from paratrain.job import Job
 from paratrain.loop_state import LoopState
-from paratrain.model_setup import check_disjoint, prepare_model, rebind_optimizer
+from paratrain.model_setup import attach_loss, check_disjoint, prepare_model, rebind_optimizer
 from paratrain.run_checkpoints import RunCheckpoints, RunParts
 from paratrain.run_loop import LoopHooks
 from paratrain.seeding import rank_seed, seed_everything
@@ -171,11 +171,14 @@ class Run(Job):
         *optimizers: Optimizer,
         scheduler: Any = None,
         name: str | None = None,
+        loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
     ) -> Any:
         """Place and wrap ``model`` for the strategy; rebind its ``optimizers``; register all.
 
         Returns the model, or ``(model, optimizer, ...)`` when optimizers are given. ``name``
-        keys the model in checkpoints (default ``model``, ``model_1``, ... in setup order)."""
+        keys the model in checkpoints (default ``model``, ``model_1``, ... in setup order).
+        ``loss_fn(output, target)`` makes ``model(x, target=y)`` return the loss under every
+        strategy; ``pipeline`` needs it (it computes the loss inside its schedule)."""
         names = {id(p): n for n, p in model.named_parameters()}
         check_disjoint(optimizers, names)
         wrapped = prepare_model(
@@ -184,9 +187,11 @@ class Run(Job):
         for note in self.strategy.notes:
             self.console.print(note)
         self.strategy.notes.clear()
+        if loss_fn is not None:
+            attach_loss(wrapped, loss_fn, accum=lambda: self.loop.grad_accum)
         params = dict(self.strategy.unwrap(wrapped).named_parameters())
         for optimizer in optimizers:
-            rebind_optimizer(optimizer, names, params)
+            rebind_optimizer(optimizer, names, params, partial=self.strategy.partial_model)
             self.precision.optimizers.add(id(optimizer))
         self.tracked.add_unit(wrapped, list(optimizers), name)
         if scheduler is not None:
@@ -226,6 +231,7 @@ class Run(Job):
                 "grad_accum was derived from it. Use the same per-rank batch in both places."
             )
         loader = self._build(dataset, batch_size, True, shuffle, drop_last, dataloader_kwargs)
+        self.strategy.check_batch(batch_size, loader.last_batch_size())
         self._hooks.first_loader(batch_size)
         self.tracked.add_loader(loader)
         self._print_notes()
@@ -303,6 +309,8 @@ class Run(Job):
         """``loss.backward(**backward_kwargs)`` with the loss divided by ``grad_accum`` and
         scaled for fp16 (``retain_graph=``, ``inputs=``, ``create_graph=`` pass through)."""
         self._hooks.loop_action()
+        if getattr(loss, "_paratrain_pipeline", False):
+            return  # the pipeline's schedule ran this backward already, micro-batch by micro-batch
         if self.loop.grad_accum > 1:
             loss = loss / self.loop.grad_accum
         self.precision.scale(loss).backward(**backward_kwargs)  # type: ignore[no-untyped-call]

@@ -112,7 +112,7 @@ class Manifest:
     """The run id of the fresh start that this chain of resumes began with. Rotation
     (``keep_last``) deletes only checkpoints of its own lineage."""
     mesh: dict[str, int] | None = None
-    """Mesh axes of the run that wrote it (``dp_replicate``, ``dp``, ``tp``), when it split
+    """Mesh axes of the run that wrote it (``pp``, ``dp_replicate``, ``dp``, ``tp``), when it split
     layers or replicated shard groups (format 5); None: every rank on ``dp``."""
     models: list[str] = field(default_factory=lambda: ["model"])
     """Names of the models it holds, in ``run.setup`` order."""
@@ -128,10 +128,10 @@ class Manifest:
 
     @property
     def data_size(self) -> int:
-        """Ranks that read different data (the world size without the tp axis)."""
+        """Ranks that read different data (the world size without the pp and tp axes)."""
         if not self.mesh:
             return self.world_size
-        return self.world_size // self.mesh.get("tp", 1)
+        return self.world_size // (self.mesh.get("tp", 1) * self.mesh.get("pp", 1))
 
     def to_json(self) -> str:
         """The manifest as JSON text (a file record's unused checksum kinds left out)."""

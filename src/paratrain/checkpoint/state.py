@@ -30,14 +30,22 @@ _SEP = "\x1f"  # unit separator: cannot occur in a parameter name or a state key
 
 
 def collect(
-    target: nn.Module, optimizers: list[Optimizer], *, full: bool, offload: bool | None = None
+    target: nn.Module,
+    optimizers: list[Optimizer],
+    *,
+    full: bool,
+    offload: bool | None = None,
+    flat: bool = False,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(model state, state of all its optimizers); ``full`` gathers sharded tensors.
 
     Full states are copied to CPU unless ``offload=False`` (the caller stages them itself).
+    ``flat``: optimizer settings keyed by parameter name (pipeline stages, DCP only).
     """
     options = StateDictOptions(
-        full_state_dict=full, cpu_offload=full if offload is None else offload
+        full_state_dict=full,
+        cpu_offload=full if offload is None else offload,
+        flatten_optimizer_state_dict=flat,
     )
     if not optimizers:
         return get_model_state_dict(target, options=options), {}
@@ -52,6 +60,7 @@ def apply(
     optim_sd: dict[str, Any],
     *,
     full: bool,
+    flat: bool = False,
 ) -> None:
     """Load states produced by :func:`collect` (at any world size or strategy)."""
     # Full optimizer states are distributed to the ranks' devices tensor by tensor; torch cannot
@@ -70,7 +79,9 @@ def apply(
                 target,
                 optimizers,
                 optim_sd,
-                options=StateDictOptions(full_state_dict=full_optim, strict=True),
+                options=StateDictOptions(
+                    full_state_dict=full_optim, strict=True, flatten_optimizer_state_dict=flat
+                ),
             )
     except (RuntimeError, KeyError, ValueError) as err:
         raise CheckpointError(

@@ -23,6 +23,7 @@ from __future__ import annotations
 import datetime
 import io
 import os
+import re
 import shutil
 import threading
 import time
@@ -42,7 +43,7 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.optim import Optimizer
 
 from paratrain.checkpoint import state as st
-from paratrain.checkpoint.dcp_io import RecordingWriter, SafePlanner, SafeReader
+from paratrain.checkpoint.dcp_io import RecordingWriter, SafePlanner, SafeReader, read_metadata
 from paratrain.checkpoint.files import (
     checksum_file,
     fsync_dir,
@@ -81,6 +82,14 @@ class SaveRequest:
 class _Pending:
     thread: threading.Thread | None = None
     error: list[BaseException] = field(default_factory=list)
+
+
+def _flat_optimizer(folder: Path, optim_stem: str) -> bool:
+    """True when the DCP checkpoint in ``folder`` keys optimizer settings by parameter name
+    (a pipeline wrote it) rather than by group (``<stem>.param_groups.<i>.params`` lists)."""
+    grouped = re.compile(rf"{re.escape(optim_stem)}\.param_groups\.\d+\.params")
+    keys = read_metadata(folder / "dcp").state_dict_metadata
+    return not any(grouped.fullmatch(key) for key in keys)
 
 
 def stems(name: str) -> tuple[str, str]:
@@ -127,8 +136,14 @@ class CheckpointStore:
         self._check_every_rank_called()
         rank = dist.get_rank() if distributed() else 0
         final, tmp = self._agree_on_folder(request.manifest.step)
+        # Pipeline stages hold different parameters: optimizer settings are saved per parameter
+        # name (not per group, whose entries would differ from rank to rank and collide).
+        mesh = request.manifest.mesh or {}
+        flat = request.sharded and mesh.get("pp", 1) > 1
         states = {
-            name: st.collect(target, optimizers, full=not request.sharded, offload=not background)
+            name: st.collect(
+                target, optimizers, full=not request.sharded, offload=not background, flat=flat
+            )
             for name, target, optimizers in request.units
         }
         rng = _gather_rng(request.trainer.pop("rng"))
@@ -431,7 +446,8 @@ class CheckpointStore:
         folder = staged.folder
         model_stem, optim_stem = stems(name)
         if (folder / "dcp").is_dir():
-            model_sd, optim_sd = st.collect(target, optimizers, full=False)
+            flat = _flat_optimizer(folder, optim_stem)
+            model_sd, optim_sd = st.collect(target, optimizers, full=False, flat=flat)
             state: dict[str, Any] = {model_stem: model_sd}
             if optim_sd:
                 state[optim_stem] = optim_sd
@@ -445,7 +461,8 @@ class CheckpointStore:
                 dcp_load(state, storage_reader=reader, planner=SafePlanner())
             except CheckpointException as err:
                 raise _dcp_failure(folder, err) from None
-            st.apply(target, optimizers, state[model_stem], state.get(optim_stem, {}), full=False)
+            optim_state = state.get(optim_stem, {})
+            st.apply(target, optimizers, state[model_stem], optim_state, full=False, flat=flat)
             return
         model_sd = staged.tensors(f"{model_stem}.safetensors")
         metas = trainer["optimizer_meta"]

@@ -3,7 +3,8 @@
     selection = select_strategy(config, Topology.from_env())
     model = selection.strategy.wrap(model)
 
-``auto`` picks ``tp`` when ``mesh`` has a tp axis or a ``tp_plan`` is given, ``fsdp`` for a
+``auto`` picks ``pipeline`` when ``mesh`` has a pp axis or a ``pipeline_*`` setting is given,
+``tp`` when ``mesh`` has a tp axis or a ``tp_plan`` is given, ``fsdp`` for a
 ``mesh`` of data axes, ``ddp`` when several ranks were launched, ``single`` with one visible GPU,
 ``cpu`` otherwise, and says why.
 """
@@ -30,6 +31,7 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "ddp": ("paratrain.strategies.ddp", "DDPStrategy"),
     "fsdp": ("paratrain.strategies.fsdp", "FSDPStrategy"),
     "tp": ("paratrain.strategies.tp", "TensorParallelStrategy"),
+    "pipeline": ("paratrain.strategies.pipeline", "PipelineStrategy"),
 }
 assert tuple(REGISTRY) == STRATEGY_NAMES, "config.STRATEGY_NAMES and REGISTRY must agree"
 
@@ -61,6 +63,9 @@ def resolve_accelerator(config: RunConfig, gpus: int) -> str:
 
 
 def _auto(config: RunConfig, topology: Topology, accelerator: str, gpus: int) -> tuple[str, str]:
+    pipelined = {o for o, unused in _OPTIONS_OF["pipeline"].items() if getattr(config, o) != unused}
+    if (config.mesh or {}).get("pp", 1) != 1 or pipelined:
+        return "pipeline", f"{', '.join(sorted(pipelined)) or 'a pp axis in mesh'} was given"
     if config.tp_plan is not None or (config.mesh or {}).get("tp", 1) != 1:
         return "tp", "tp_plan or a tp axis in mesh was given"
     if config.mesh is not None:
@@ -130,10 +135,17 @@ _OPTIONS_OF: dict[str, dict[str, object]] = {
         "mesh": None,
     },
     "tp": {"tp_plan": None},
+    "pipeline": {
+        "pipeline_split": None,
+        "pipeline_schedule": "1f1b",
+        "pipeline_stages": None,
+        "n_microbatches": None,
+    },
     "dp": {"device_ids": None},
 }
-# Strategies that also read another's options: tp shards over the data axes as fsdp does.
-_ALSO_READS = {"tp": ("fsdp",)}
+# Strategies that also read another's options: tp and pipeline shard over the data axes as fsdp
+# does.
+_ALSO_READS = {"tp": ("fsdp",), "pipeline": ("fsdp",)}
 
 
 def _foreign_options(config: RunConfig, chosen: str) -> list[str]:
@@ -144,10 +156,11 @@ def _foreign_options(config: RunConfig, chosen: str) -> list[str]:
         for option, unused in options.items():
             readers = (owner, *(s for s, also in _ALSO_READS.items() if owner in also))
             if chosen not in readers and getattr(config, option) != unused:
-                names = " or ".join(repr(r) for r in readers)
+                names = ", ".join(repr(r) for r in readers[:-1]) + f" or {readers[-1]!r}"
+                names = names.removeprefix(" or ")
                 message = (
                     f"{option} is a {names} option, but the strategy is {chosen!r}, which "
-                    f"ignores it. Drop {option}, or use strategy={readers[-1]!r}."
+                    f"ignores it. Drop {option}, or use strategy={readers[0]!r}."
                 )
                 if config.strategy != "auto":
                     raise ConfigError(message)

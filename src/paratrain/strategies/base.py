@@ -31,6 +31,8 @@ class Strategy:
     """True when every rank is its own process: needs a process group and sharded data."""
     sharded_state: ClassVar[bool] = False
     """True when no rank holds the full state: checkpoints are written by every rank (DCP)."""
+    partial_model: ClassVar[bool] = False
+    """True when a rank holds only some layers (pipeline stages): optimizers keep those."""
 
     def __init__(self, *, config: RunConfig, topology: Topology, device: torch.device) -> None:
         self.config = config
@@ -49,18 +51,18 @@ class Strategy:
     def recorded_mesh(self) -> dict[str, int] | None:
         """The mesh a checkpoint records: None when every rank is on ``dp`` (formats 1-4)."""
         sizes = self.shape.sizes
-        if sizes["tp"] == 1 and sizes["dp_replicate"] == 1:
+        if sizes["pp"] == 1 and sizes["tp"] == 1 and sizes["dp_replicate"] == 1:
             return None
-        return dict(sizes)
+        return self.shape.recorded()
 
     @property
     def data_rank(self) -> int:
-        """Which share of the data this rank reads (ranks of one tp group share one)."""
+        """Which share of the data this rank reads (ranks of one pipeline or tp group share one)."""
         return self.shape.data_rank(self.topology.rank)
 
     @property
     def data_size(self) -> int:
-        """How many different shares the data is split into (world size without tp)."""
+        """How many different shares the data is split into (world size without pp and tp)."""
         return self.shape.data_size
 
     @classmethod
@@ -110,6 +112,9 @@ class Strategy:
             "layer where you put it: one process per model copy), or put the model on one "
             "device before run.setup."
         )
+
+    def check_batch(self, batch_size: int, last: int | None) -> None:
+        """Raise when a loader's per-rank batches (``last``: a short final one) cannot run."""
 
     def sync_buffers(self, model: nn.Module) -> None:
         """Make buffers (BatchNorm statistics) agree across ranks before evaluation and saves.
@@ -163,15 +168,17 @@ def require_cuda(what: str, accelerator: str) -> None:
         )
 
 
-def average_buffers(model: nn.Module) -> None:
-    """Average floating-point buffers over ranks (integer ones, e.g. counters, take rank 0's)."""
+def average_buffers(model: nn.Module, group: Any = None) -> None:
+    """Average floating-point buffers over the ranks of ``group`` (default all; integer ones,
+    e.g. counters, take the group's first rank's)."""
     import torch.distributed as dist
 
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
+    if not (dist.is_initialized() and dist.get_world_size(group) > 1):
         return
+    first = dist.get_global_rank(group, 0) if group is not None else 0
     for buffer in model.buffers():
         if buffer.is_floating_point():
-            dist.all_reduce(buffer.data, op=dist.ReduceOp.SUM)
-            buffer.data.div_(dist.get_world_size())
+            dist.all_reduce(buffer.data, op=dist.ReduceOp.SUM, group=group)
+            buffer.data.div_(dist.get_world_size(group))
         else:
-            dist.broadcast(buffer.data, src=0)
+            dist.broadcast(buffer.data, src=first, group=group)

@@ -63,6 +63,11 @@ class FSDPStrategy(Strategy):
     @classmethod
     def mesh_shape(cls, config: RunConfig, topology: Topology) -> MeshShape:
         shape = MeshShape.resolve(config.mesh, topology.world_size)
+        if shape.sizes["pp"] > 1:
+            raise ConfigError(
+                f"mesh={config.mesh!r} has a pp axis, which strategy 'fsdp' does not pipeline. "
+                "Use strategy='pipeline' (stages over pp, FSDP over dp), or drop the pp axis."
+            )
         if shape.sizes["tp"] > 1:
             raise ConfigError(
                 f"mesh={config.mesh!r} has a tp axis, which strategy 'fsdp' does not split. Use "

@@ -39,6 +39,11 @@ class TensorParallelStrategy(FSDPStrategy):
     @classmethod
     def mesh_shape(cls, config: RunConfig, topology: Topology) -> MeshShape:
         shape = MeshShape.resolve(config.mesh or {"tp": -1}, topology.world_size)
+        if shape.sizes["pp"] > 1 and cls.name == "tp":
+            raise ConfigError(
+                f"mesh={config.mesh!r} has a pp axis, which strategy 'tp' does not pipeline. "
+                "Use strategy='pipeline' for pipeline stages (with dp), or drop the pp axis."
+            )
         if shape.sizes["tp"] == 1 and topology.world_size > 1:
             raise ConfigError(
                 f"strategy 'tp' with mesh={config.mesh!r}: the tp axis has one rank, so nothing "
@@ -78,35 +83,45 @@ class TensorParallelStrategy(FSDPStrategy):
         return model
 
     def clip_grad_norm(self, params: list[torch.Tensor], max_norm: float) -> float:
-        """Clip by the global norm when parameters live on different meshes (tp layers on the
-        2-D mesh, the rest on the data axes, or plain tensors): one all-reduce of the summed
-        squares, each replicated copy counted once."""
-        grads = [p.grad for p in params if p.grad is not None]
-        if not grads:
-            return 0.0
-        world = dist.get_world_size() if dist.is_initialized() else 1
-        squares = torch.zeros((), dtype=torch.float64, device=self.device)
+        return clip_by_global_norm(params, max_norm, device=self.device)
+
+
+def clip_by_global_norm(
+    params: list[torch.Tensor],
+    max_norm: float,
+    *,
+    device: torch.device,
+    per_stage: int | None = None,
+) -> float:
+    """Clip by the global norm when parameters live on different meshes (tp layers on the
+    2-D mesh, the rest on the data axes, or plain tensors) or different ranks (pipeline stages,
+    ``per_stage`` ranks each): one all-reduce of the summed squares, each copy counted once."""
+    grads = [p.grad for p in params if p.grad is not None]
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    holders = world if per_stage is None else per_stage  # ranks that hold one stage
+    squares = torch.zeros((), dtype=torch.float64, device=device)
+    for grad in grads:
+        local, copies = _local_and_copies(grad, holders)
+        norm = torch.linalg.vector_norm(local, dtype=torch.float64)
+        squares += norm * norm / copies
+    if world > 1:
+        dist.all_reduce(squares)  # every rank joins, even one without gradients
+    total = float(squares.sqrt())
+    coefficient = max_norm / (total + 1e-6)
+    if coefficient < 1.0:
         for grad in grads:
-            local, copies = _local_and_copies(grad, world)
-            norm = torch.linalg.vector_norm(local, dtype=torch.float64)
-            squares += norm * norm / copies
-        if world > 1:
-            dist.all_reduce(squares)
-        total = float(squares.sqrt())
-        coefficient = max_norm / (total + 1e-6)
-        if coefficient < 1.0:
-            for grad in grads:
-                local = grad.to_local() if isinstance(grad, DTensor) else grad
-                local.mul_(coefficient)
-        return total
+            local = grad.to_local() if isinstance(grad, DTensor) else grad
+            local.mul_(coefficient)
+    return total
 
 
-def _local_and_copies(grad: torch.Tensor, world: int) -> tuple[torch.Tensor, float]:
-    """This rank's part of ``grad`` and how many ranks hold an identical part."""
+def _local_and_copies(grad: torch.Tensor, holders: int) -> tuple[torch.Tensor, float]:
+    """This rank's part of ``grad`` and how many ranks hold an identical part (of the
+    ``holders`` ranks that hold this parameter at all)."""
     if not isinstance(grad, DTensor):
-        return grad, float(world)  # a plain parameter: the same gradient on every rank
+        return grad, float(holders)  # a plain parameter: the same gradient on every holder
     mesh = grad.device_mesh
     replicated = math.prod(
         mesh.size(dim) for dim, p in enumerate(grad.placements) if isinstance(p, Replicate)
     )
-    return grad.to_local(), float(replicated * world // mesh.size())
+    return grad.to_local(), float(replicated * holders // mesh.size())
