@@ -33,11 +33,14 @@ def test_a_mesh_fits_only_its_world_size(mesh: dict[str, int], world: int) -> No
     shape = MeshShape.resolve(mesh, world)
     assert shape.world_size == world
     assert {a: s for a, s in shape.sizes.items() if a in mesh} == mesh
-    assert shape.data_size * shape.sizes["tp"] == world
-    # ranks of one tp group (neighbours) share a data rank; data ranks cover 0..data_size-1
+    assert shape.data_size * shape.copies == world
+    # ranks of one tp group (neighbours) and of one pipeline (pp apart) share a data rank; data
+    # ranks cover 0..data_size-1
     ranks = [shape.data_rank(r) for r in range(world)]
     assert sorted(set(ranks)) == list(range(shape.data_size))
-    assert all(ranks.count(d) == shape.sizes["tp"] for d in set(ranks))
+    assert all(ranks.count(d) == shape.copies for d in set(ranks))
+    tp, stride = shape.sizes["tp"], world // shape.sizes["pp"]
+    assert all(ranks[r] == ranks[r - r % tp] == ranks[r % stride] for r in range(world))
 
 
 @given(mesh=sizes, free=st.sampled_from(AXES), world=st.integers(1, 64))
@@ -56,7 +59,7 @@ def test_minus_one_takes_what_the_world_size_leaves(
 @pytest.mark.parametrize(
     "value,needle",
     [
-        ({"pp": 2}, "unknown axis 'pp'"),
+        ({"cp": 2}, "unknown axis 'cp'"),
         ({"dp_shard": 2}, "unknown axis 'dp_shard'"),
         ({"dp": 0}, "must be a whole number >= 1, or -1"),
         ({"tp": -2}, "must be a whole number >= 1, or -1"),

@@ -60,7 +60,7 @@ def test_any_value_of_any_setting_is_a_run_or_a_paratrain_error(name: str, value
         (lambda: pt.Run(fsdp_wrap=[nn.Linear]), "fsdp_wrap must be a tuple of module classes"),
         (lambda: pt.Run(run_dir=""), "run_dir must be a folder path"),
         (lambda: pt.Run(strategy="fsdp", comm_hook="fp16"), "comm_hook is a 'ddp' option"),
-        (lambda: pt.Run(strategy="ddp", fsdp_wrap=(nn.Linear,)), "fsdp_wrap is a 'fsdp' or"),
+        (lambda: pt.Run(strategy="ddp", fsdp_wrap=(nn.Linear,)), "fsdp_wrap is a 'fsdp',"),
         (lambda: pt.Run(strategy="cpu", device_ids=[0]), "device_ids is a 'dp' option"),
     ],
 )
