@@ -98,7 +98,10 @@ def torch_dataset() -> Any:
 @pytest.mark.parametrize(
     "settings,needle",
     [
-        (dict(strategy="cpu", fsdp_offload=True), "fsdp_offload is a 'fsdp', 'tp' or 'pipeline' option"),
+        (
+            dict(strategy="cpu", fsdp_offload=True),
+            "fsdp_offload is a 'fsdp', 'tp' or 'pipeline' option",
+        ),
         (dict(strategy="cpu", comm_hook="powersgd"), "comm_hook is a 'ddp' option"),
         (dict(strategy="cpu", powersgd_rank=2), "powersgd_rank is a 'ddp' option"),
         (dict(powersgd_rank=0), "powersgd_rank must be a positive integer"),

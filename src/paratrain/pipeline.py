@@ -94,7 +94,7 @@ def plan_stages(model: nn.Module, split: Sequence[str] | None, stages: int) -> l
                 f"points, or leave pipeline_split out for balanced stages."
             )
         starts = [0, *(_position(name, names) for name in split)]
-        if starts != sorted(starts) or starts[1] == 0:
+        if starts != sorted(starts) or 0 in starts[1:]:
             raise ModelError(
                 f"pipeline_split={tuple(split)!r} must name layers after the first, in the "
                 f"order the model runs them ({', '.join(names)}): each name begins the next "
