@@ -38,6 +38,42 @@ def net(dropout: float = 0.0, norm: bool = False) -> nn.Sequential:
     )
 
 
+class Tower(nn.Module):
+    """Not a Sequential: embedding, a ModuleDict of blocks and a head, as torchtitan builds
+    models, whose forward skips the parts a pipeline stage does not hold."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed: nn.Module | None = nn.Linear(6, 16)
+        self.blocks = nn.ModuleDict(
+            {str(i): nn.Sequential(nn.Linear(16, 16), nn.GELU()) for i in range(4)}
+        )
+        self.head: nn.Module | None = nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x) if self.embed is not None else x
+        for block in self.blocks.values():
+            x = x + block(x)
+        return self.head(x) if self.head is not None else x
+
+
+def tower_stage(model: nn.Module, stage: int, stages: int) -> nn.Module:
+    """The stage builder a user writes: a copy of the model without the other stages' parts."""
+    import copy
+
+    part = copy.deepcopy(model)
+    per = len(part.blocks) // stages
+    for name in list(part.blocks):
+        if not stage * per <= int(name) < (stage + 1) * per:
+            del part.blocks[name]
+    if stage > 0:
+        part.embed = None
+    if stage < stages - 1:
+        part.head = None
+    return part
+
+
 def data(n: int = 64) -> TensorDataset:
     g = torch.Generator().manual_seed(3)
     return TensorDataset(torch.randn(n, 6, generator=g), torch.randint(0, 3, (n,), generator=g))
@@ -46,6 +82,7 @@ def data(n: int = 64) -> TensorDataset:
 def train(
     *,
     steps: int = STEPS,
+    tower: bool = False,
     dropout: float = 0.0,
     norm: bool = False,
     ckpt_dir: str | None = None,
@@ -55,7 +92,7 @@ def train(
 ) -> dict[str, Any]:
     """The loop every strategy runs: model(x, target=y), run.backward, run.step."""
     with pt.Run(progress=False, seed=0, max_grad_norm=0.5, ckpt_dir=ckpt_dir, **settings) as run:
-        model = net(dropout, norm)
+        model = Tower() if tower else net(dropout, norm)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
         model, opt = run.setup(model, opt, loss_fn=nn.functional.cross_entropy)
         per_rank = GLOBAL_BATCH // (run.data_size * run.config.grad_accum)
@@ -100,6 +137,8 @@ SCENARIOS: dict[int, dict[str, dict[str, Any]]] = {
         "accum": dict(strategy="pipeline", grad_accum=2),
         "bf16": dict(strategy="pipeline", precision="bf16"),
         "norm": dict(strategy="pipeline", pipeline_schedule="gpipe", norm=True),
+        "builder": dict(strategy="pipeline", pipeline_split=tower_stage, tower=True),
+        "ddp": dict(strategy="ddp"),  # the same loop: loss_fn= under DDP
     },
     4: {
         "pp_fsdp": dict(strategy="pipeline", mesh={"pp": 2, "dp": 2}),
@@ -122,13 +161,15 @@ def reference() -> dict[str, Any]:
     return train(strategy="cpu")
 
 
-@pytest.mark.parametrize("name", ["1f1b", "gpipe", "interleaved", "accum"])
-def test_pipeline_matches_one_process(
-    world2: list[dict[str, Any]], reference: dict[str, Any], name: str
-) -> None:
+@pytest.mark.parametrize("name", ["1f1b", "gpipe", "interleaved", "accum", "builder", "ddp"])
+def test_pipeline_matches_one_process(world2: list[dict[str, Any]], name: str) -> None:
+    reference = train(strategy="cpu", tower=name == "builder")
     got = world2[0][name]
-    assert got["strategy"] == "pipeline"
-    assert [r[name]["data"] for r in world2] == [(0, 1), (0, 1)]  # one pipeline, one batch
+    if name == "ddp":
+        assert [r[name]["data"] for r in world2] == [(0, 2), (1, 2)]
+    else:
+        assert got["strategy"] == "pipeline"
+        assert [r[name]["data"] for r in world2] == [(0, 1), (0, 1)]  # one pipeline, one batch
     assert got["steps"] == reference["steps"] == STEPS
     assert max_abs_diff(got["weights"], reference["weights"]) <= 1e-5
     if name != "accum":  # with accumulation a loss is a micro-batch's
