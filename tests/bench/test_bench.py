@@ -42,10 +42,23 @@ def test_tp_rows_need_layers_that_auto_can_split() -> None:
     assert make_plan(["tp"], ["fp32"], [2], mlp)[0][1] is None
 
 
+def test_pipeline_rows_need_a_model_paratrain_can_cut() -> None:
+    with torch.device("meta"):
+        resnet = build_spec("resnet", depth=50, width=8).build()
+        mlp = build_spec("mlp", width=32, depth=1).build()
+    assert "needs an nn.Sequential model" in str(
+        make_plan(["pipeline"], ["fp32"], [2], resnet)[0][1]
+    )
+    assert "has 8 stages but the model has 5 layers" in str(
+        make_plan(["pipeline"], ["fp32"], [8], mlp)[0][1]
+    )
+    assert make_plan(["pipeline"], ["fp32"], [2], mlp)[0][1] is None
+
+
 @pytest.mark.parametrize(
     "args,needle",
     [
-        (["--strategies", "nope"], "comma list of: cpu, single, dp, ddp, fsdp, tp"),
+        (["--strategies", "nope"], "comma list of: cpu, single, dp, ddp, fsdp, tp, pipeline"),
         (["--nproc", "one"], "'one' is not a whole number"),
         (["--precision", "fp8"], "comma list of: fp32, bf16, fp16"),
         (["--model", "nosuchmodule:factory"], "cannot import"),
@@ -71,7 +84,7 @@ def test_bench_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
             "--depth",
             "1",
             "--strategies",
-            "cpu,dp,ddp,tp",
+            "cpu,dp,ddp,tp,pipeline",
             "--nproc",
             "1,2",
             "--steps",
@@ -94,8 +107,9 @@ def test_bench_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     data = json.loads((tmp_path / "bench.json").read_text())
     assert data["meta"]["model"]["name"] == "mlp" and data["meta"]["flops_per_sample"] > 0
     rows = {(r["strategy"], r["nproc"]): r for r in data["results"]}
-    assert set(rows) == {(s, n) for s in ("cpu", "dp", "ddp", "tp") for n in (1, 2)}
-    assert rows[("tp", 2)]["samples_per_s"] > 0 and rows[("tp", 2)]["overhead_ratio"] > 0
+    assert set(rows) == {(s, n) for s in ("cpu", "dp", "ddp", "tp", "pipeline") for n in (1, 2)}
+    for row in (rows[("tp", 2)], rows[("pipeline", 2)]):
+        assert row["samples_per_s"] > 0 and row["overhead_ratio"] > 0
     ddp2 = rows[("ddp", 2)]
     for key in (
         "samples_per_s",

@@ -3,8 +3,9 @@
     stats = measure_config(spec, Config("ddp", "bf16", 2), settings)   # inside every rank
 
 The reference is the tutorials' template written out by hand for each strategy (a plain loop,
-``nn.DataParallel``, ``DistributedDataParallel``, ``fully_shard``), with ``torch.autocast`` and a
-``GradScaler`` for reduced precision. Both loops live in the same process (same model init, same
+``nn.DataParallel``, ``DistributedDataParallel``, ``fully_shard``, ``parallelize_module``,
+``PipelineStage`` with ``Schedule1F1B``), with ``torch.autocast`` and a ``GradScaler`` for
+reduced precision. Both loops live in the same process (same model init, same
 data) and run in alternating blocks of ``steps`` steps, the order swapped every pair; each pair
 of blocks gives one ratio, so the machine's drifts hit both sides of it alike. Pairs are added
 until the bootstrap 95 % interval of the median ratio is within ``±spread`` of it (at least
@@ -76,13 +77,18 @@ def paratrain_loop(spec: ModelSpec, config: Config, settings: Settings) -> Loop:
     try:
         torch.manual_seed(0)
         model = spec.build()
-        model, optimizer = run.setup(
-            model, torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-        )
+        with contextlib.redirect_stdout(io.StringIO()):
+            model, optimizer = run.setup(
+                model, torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9), loss_fn=spec.loss
+            )
         loader = None
         if settings.data == "loader":
             with contextlib.redirect_stdout(io.StringIO()):
-                loader = run.loader(bench_dataset(spec, settings), batch_size=settings.batch_size)
+                loader = run.loader(
+                    bench_dataset(spec, settings),
+                    batch_size=settings.batch_size,
+                    drop_last=config.strategy == "pipeline",  # micro-batches of one size
+                )
     except BaseException:
         run.close()
         raise
@@ -104,7 +110,7 @@ def _paratrain_step(
     y: torch.Tensor,
 ) -> None:
     with run.accumulate(model):
-        run.backward(spec.loss(model(x), y))
+        run.backward(model(x, target=y))  # loss_fn=spec.loss: the loss under every strategy
     run.step(optimizer)
 
 
@@ -138,6 +144,8 @@ def reference_loop(spec: ModelSpec, config: Config, settings: Settings) -> Loop:
         mesh = init_device_mesh(device.type, (dist.get_world_size(),))
         plan = {name: styles[style]() for name, style in auto_plan(model).styles.items()}
         parallelize_module(model, mesh, plan)
+    elif config.strategy == "pipeline":
+        return _pipeline_reference(spec, settings, model, device)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     scaler = torch.amp.GradScaler(device.type) if config.precision == "fp16" else None
     dtype = _DTYPES.get(config.precision)
@@ -173,6 +181,45 @@ def reference_loop(spec: ModelSpec, config: Config, settings: Settings) -> Loop:
         device,
         lambda: None,
         lambda: list(model.parameters()),
+    )
+
+
+def _pipeline_reference(
+    spec: ModelSpec, settings: Settings, model: nn.Module, device: torch.device
+) -> Loop:
+    """torch's pipelining API by hand on the stages paratrain cuts: one ``PipelineStage`` per
+    rank, ``Schedule1F1B`` with one micro-batch per stage, inputs to the first stage only."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    from paratrain.pipeline import plan_stages, stage_module
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    for tensor in [*model.parameters(), *model.buffers()]:
+        dist.broadcast(tensor.data, src=0)
+    part = stage_module(model, plan_stages(model, None, world)[rank])
+    stage = PipelineStage(part, rank, world, device)
+    schedule = Schedule1F1B(stage, n_microbatches=world, loss_fn=spec.loss)
+    optimizer = torch.optim.SGD(part.parameters(), lr=1e-3, momentum=0.9)
+
+    def step(x: Any, y: torch.Tensor) -> None:
+        optimizer.zero_grad(set_to_none=True)
+        if rank == 0:
+            schedule.step(x, target=y if rank == world - 1 else None)
+        elif rank == world - 1:
+            schedule.step(target=y, losses=[])
+        else:
+            schedule.step()
+        optimizer.step()
+
+    loader = None
+    if settings.data == "loader":  # every stage reads the same batches
+        loader = DataLoader(bench_dataset(spec, settings), batch_size=settings.batch_size)
+    return Loop(
+        step,
+        _batches(spec, settings, device, loader),
+        device,
+        lambda: None,
+        lambda: list(part.parameters()),
     )
 
 
@@ -230,7 +277,7 @@ def measure_config(spec: ModelSpec, config: Config, settings: Settings) -> dict[
             peers, skipped = start_peers(settings.compare, spec, config, settings, stack)
         rounds, step_times, noisy = _rounds([ours, ref, *peers.values()], settings)
     world = dist.get_world_size() if dist.is_initialized() else 1
-    data_ranks = 1 if config.strategy == "tp" else world  # a tp group shares one batch
+    data_ranks = 1 if config.strategy in ("tp", "pipeline") else world  # one batch per group
     per_step = settings.batch_size * data_ranks * settings.steps
     low, high = median_interval([t[1] / t[0] for t in rounds])
     step_times.sort()

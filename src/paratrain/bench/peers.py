@@ -232,6 +232,8 @@ def accelerate_loop(spec: ModelSpec, config: Config, settings: Settings) -> Loop
         raise PeerSkipped("Accelerate has no nn.DataParallel mode (one process per device: ddp)")
     if config.strategy == "tp":
         raise PeerSkipped("not compared: Accelerate's tensor parallelism needs its own model plan")
+    if config.strategy == "pipeline":
+        raise PeerSkipped("not compared: Accelerate pipelines inference only")
     from accelerate import Accelerator
 
     _reset_accelerate()
@@ -303,6 +305,8 @@ def fabric_loop(spec: ModelSpec, config: Config, settings: Settings) -> Loop:
     device = bench_device()
     if config.strategy == "tp":
         raise PeerSkipped("not compared: Fabric's ModelParallelStrategy takes its own function")
+    if config.strategy == "pipeline":
+        raise PeerSkipped("not compared: Lightning Fabric has no pipeline parallelism")
     if config.strategy == "fsdp" and device.type != "cuda":
         raise PeerSkipped(f"Lightning Fabric runs FSDP only on GPUs, not on {device.type}")
     if config.precision == "fp16" and device.type == "cpu":

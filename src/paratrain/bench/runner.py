@@ -24,6 +24,7 @@ from paratrain.config import RunConfig
 from paratrain.errors import ParatrainError
 from paratrain.launcher.preflight import preflight
 from paratrain.launcher.ranks import FileGroup, RankFailedError, spawn_ranks
+from paratrain.pipeline import plan_stages
 from paratrain.tp import auto_plan
 
 
@@ -36,7 +37,7 @@ def make_plan(
     """Every configuration with ``None`` or the reason it cannot run on this machine.
 
     ``model`` (built on the meta device) lets ``tp`` rows be skipped when ``tp_plan='auto'``
-    finds nothing to split in it."""
+    finds nothing to split in it, and ``pipeline`` rows when it cannot be cut into stages."""
     gpus = torch.cuda.device_count()
     plan = []
     for nproc in nprocs:
@@ -50,6 +51,11 @@ def make_plan(
 def _why_not(config: Config, gpus: int, model: nn.Module | None) -> str | None:
     if config.strategy == "tp" and model is not None and not auto_plan(model).styles:
         return "tp_plan='auto' finds no Linear pair it can split in this model."
+    if config.strategy == "pipeline" and model is not None:
+        try:
+            plan_stages(model, None, config.nproc)
+        except ParatrainError as err:
+            return str(err).split(". ")[0] + "."
     try:
         preflight(
             RunConfig(
