@@ -16,7 +16,7 @@ from torch import nn
 import paratrain as pt
 from paratrain.errors import ConfigError, ModelError
 from paratrain.mesh import AXES, MeshShape, check_mesh_setting
-from paratrain.tp import TPPlan, attention, auto_plan, mlp, resolve
+from paratrain.tp import TPPlan, attention, auto_plan, mlp, output, resolve
 from tests.support.distributed import rank_of_two
 
 sizes = st.dictionaries(st.sampled_from(AXES), st.integers(1, 6), min_size=1)
@@ -162,6 +162,8 @@ def test_a_plan_expands_patterns_to_every_matching_layer() -> None:
         ({"layers.0.mlp.0": "colwise"}, 4, 3, r"its out_features \(32\) over tp 3"),
         (attention("layers.*.attn"), 3, 2, "3 heads, not a multiple of tp 2"),
         (attention("layers.*.attn", heads=("num_heads",)), 4, 2, "has none of them"),
+        (output("norm"), 4, 2, "must be the nn.Linear that produces the logits"),
+        (output("layers.0.mlp.3"), 4, 3, r"its out_features \(8\) over tp 3"),
     ],
 )
 def test_a_plan_that_does_not_fit_the_model_names_the_fix(
@@ -169,6 +171,14 @@ def test_a_plan_that_does_not_fit_the_model_names_the_fix(
 ) -> None:
     with pytest.raises(ModelError, match=needle):
         resolve(Model(heads), plan, tp)
+
+
+def test_an_output_layer_keeps_its_logits_split_for_a_parallel_loss() -> None:
+    plan = resolve(Model(), PLAN | output("layers.1.mlp.3"), 2)
+    style = plan.styles["layers.1.mlp.3"]
+    assert plan.loss_parallel and not resolve(Model(), PLAN, 2).loss_parallel
+    assert type(style).__name__ == "ColwiseParallel" and style.use_local_output is False
+    assert [p.dim for p in style.output_layouts] == [-1]
 
 
 def test_auto_splits_only_forwards_it_knows() -> None:

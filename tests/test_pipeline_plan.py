@@ -112,7 +112,7 @@ def test_bad_split_settings(value: Any) -> None:
     [
         (dict(mesh={"pp": 1, "dp": 2}), "the pp axis has one rank"),
         (dict(mesh={"pp": 2, "tp": 1}, precision="fp16"), "Use precision='bf16'"),
-        (dict(pipeline_split=("a", "b")), "makes 3 stages, which pp 2 does not divide"),
+        (dict(pipeline_split=("a", "b")), "('a', 'b') makes 3 stages, which pp 2 does not"),
         (dict(pipeline_stages=4), "Use pipeline_schedule='interleaved_1f1b'"),
         (dict(pipeline_schedule="interleaved_1f1b", pipeline_stages=2), "at least 2 stages per"),
         (dict(n_microbatches=1), "1F1B needs at least as many micro-batches as stages (2)"),

@@ -50,12 +50,12 @@ class Block(nn.Module):
 
 
 class Net(nn.Module):
-    def __init__(self, dropout: float = 0.0) -> None:
+    def __init__(self, dropout: float = 0.0, classes: int = 3) -> None:
         super().__init__()
         torch.manual_seed(0)
         self.embed = nn.Linear(6, 16)
         self.block = Block(dropout=dropout)
-        self.head = nn.Linear(16, 3)
+        self.head = nn.Linear(16, classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.block(self.embed(x)).mean(1))
@@ -77,13 +77,24 @@ def train(
     ckpt_dir: str | None = None,
     save_at: int | None = None,
     resume: bool = False,
+    loss_fn: bool = False,
+    classes: int = 3,
     **settings: Any,
 ) -> dict[str, Any]:
-    """AdamW with clipping on the global batch; returns rank 0's full weights and the losses."""
+    """AdamW with clipping on the global batch; returns rank 0's full weights and the losses.
+
+    ``loss_fn``: the loss comes from ``model(x, target=y)`` (loss parallel when the plan has
+    ``pt.tp.output``, which needs a class count tp divides)."""
     with pt.Run(progress=False, seed=0, max_grad_norm=0.5, ckpt_dir=ckpt_dir, **settings) as run:
-        net = Net(dropout) if model == "net" else _seeded_mlp()
+        net = Net(dropout, classes) if model == "net" else _seeded_mlp()
         opt = torch.optim.AdamW(net.parameters(), lr=1e-2, weight_decay=0.01)
-        net, opt = run.setup(net, opt)
+        seen: set[str] = set()  # what the loss function received: split logits are a DTensor
+
+        def criterion(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            seen.add(type(output).__name__)
+            return nn.functional.cross_entropy(output, target)
+
+        net, opt = run.setup(net, opt, loss_fn=criterion if loss_fn else None)
         per_rank = GLOBAL_BATCH // (run.data_size * run.config.grad_accum)
         data = sequences() if model == "net" else _flat()
         loader = run.loader(data, batch_size=per_rank, shuffle=True)
@@ -93,7 +104,7 @@ def train(
         for _ in run.epochs(2):
             for x, y in loader:
                 with run.accumulate(net):
-                    loss = nn.functional.cross_entropy(net(x), y)
+                    loss = net(x, target=y) if loss_fn else nn.functional.cross_entropy(net(x), y)
                     run.backward(loss)
                 run.step(opt)
                 losses.append(run.reduce(loss.item(), "mean"))
@@ -113,6 +124,7 @@ def train(
             "steps": run.global_step,
             "data": (run.data_rank, run.data_size),
             "strategy": run.strategy.name,
+            "loss_saw": sorted(seen),
         }
 
 
@@ -132,6 +144,8 @@ SCENARIOS: dict[int, dict[str, dict[str, Any]]] = {
         "tp_auto": dict(strategy="tp", tp_plan="auto", model="mlp"),
         "tp_dropout": dict(strategy="tp", tp_plan=PLAN, dropout=0.2),
         "tp_accum": dict(strategy="tp", tp_plan=PLAN, grad_accum=2),
+        "loss_parallel": dict(tp_plan=PLAN | pt.tp.output("head"), classes=4, loss_fn=True),
+        "output_gathered": dict(tp_plan=PLAN | pt.tp.output("head"), classes=4),
     },
     4: {
         "fsdp_tp": dict(strategy="tp", mesh={"dp": 2, "tp": 2}, tp_plan=PLAN),
@@ -160,9 +174,14 @@ def _reference(model: str = "net") -> dict[str, Any]:
     return train(strategy="cpu", model=model)
 
 
-@pytest.mark.parametrize("name", ["tp", "tp_auto", "tp_accum"])
+@pytest.mark.parametrize("name", ["tp", "tp_auto", "tp_accum", "loss_parallel", "output_gathered"])
 def test_tensor_parallel_matches_one_process(world2: list[dict[str, Any]], name: str) -> None:
-    ref = _reference(SCENARIOS[2][name].get("model", "net"))
+    """``loss_parallel``: the cross-entropy on logits split over the classes;
+    ``output_gathered``: the same plan with the loss computed by the caller on whole logits."""
+    scenario = SCENARIOS[2][name]
+    ref = train(
+        strategy="cpu", model=scenario.get("model", "net"), classes=scenario.get("classes", 3)
+    )
     got = world2[0][name]
     assert got["strategy"] == "tp" and got["data"] == (0, 1)
     assert [r[name]["data"] for r in world2] == [(0, 1), (0, 1)]  # one tp group, one batch
@@ -171,6 +190,7 @@ def test_tensor_parallel_matches_one_process(world2: list[dict[str, Any]], name:
     if "accum" not in name:  # with accumulation a loss is a micro-batch's
         assert max(abs(a - b) for a, b in zip(got["losses"], ref["losses"], strict=True)) <= 1e-5
     assert got["correct"] == ref["correct"]  # a tp group's count is counted once
+    assert got["loss_saw"] == (["DTensor"] if name == "loss_parallel" else [])
 
 
 def test_ranks_of_a_tp_group_draw_the_same_dropout(world2: list[dict[str, Any]]) -> None:

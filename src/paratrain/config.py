@@ -120,8 +120,9 @@ class RunConfig:
     (``pipeline``)."""
     tp_plan: PlanSetting | None = None
     """``tp``: which layers to split: ``'auto'`` (the MLPs it can prove safe), a dict of module
-    name pattern to ``'colwise'``/``'rowwise'``/``'sequence'`` or a DTensor ParallelStyle, or
-    plans from ``paratrain.tp`` (``mlp``, ``attention``) joined with ``|``."""
+    name pattern to ``'colwise'``/``'rowwise'``/``'sequence'``/``'output'`` (loss parallel) or a
+    DTensor ParallelStyle, or plans from ``paratrain.tp`` (``mlp``, ``attention``, ``output``)
+    joined with ``|``."""
     pipeline_split: SplitSetting | None = None
     """``pipeline``: where stages begin, as layer names of an ``nn.Sequential`` model (e.g.
     ``('layers.4',)``), or a function ``(model, stage, stages) -> module`` for any model; None

@@ -143,38 +143,63 @@ def rebind_optimizer(
 
 
 def attach_loss(
-    model: nn.Module, loss_fn: Callable[[Any, Any], torch.Tensor], accum: Callable[[], int]
+    model: nn.Module,
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None,
+    accum: Callable[[], int],
+    strategy: Strategy,
 ) -> None:
     """Make ``model(x, target=y)`` return ``loss_fn(model(x), y)``; ``model(x)`` is unchanged.
 
     A pipeline computes the loss inside its schedule (and divides by ``accum()``, the
     micro-batches per step); any other model gets forward hooks on its outermost wrapper, so
-    DataParallel computes the loss once on the gathered output."""
-    if not callable(loss_fn):
+    DataParallel computes the loss once on the gathered output. With loss parallel (split
+    logits) the forward and the loss run inside ``strategy.loss_context()`` and what goes back
+    to the caller is whole tensors."""
+    if loss_fn is not None and not callable(loss_fn):
         raise ModelError(
             f"run.setup(loss_fn=...) must be a function (output, target) -> loss, e.g. "
             f"torch.nn.functional.cross_entropy; got {type(loss_fn).__name__}."
         )
     use_loss = getattr(model, "use_loss", None)
     if use_loss is not None:
-        use_loss(loss_fn, accum)
+        if loss_fn is not None:
+            use_loss(loss_fn, accum)
         return
-    targets = threading.local()
+    if loss_fn is None and not strategy.loss_parallel:
+        return
+    calls = threading.local()
 
-    def take_target(module: nn.Module, args: Any, kwargs: dict[str, Any]) -> Any:
-        stack = targets.__dict__.setdefault("stack", [])
-        stack.append(kwargs.pop("target", _NO_TARGET))
+    def before(module: nn.Module, args: Any, kwargs: dict[str, Any]) -> Any:
+        stack = calls.__dict__.setdefault("stack", [])
+        target = kwargs.pop("target", _NO_TARGET) if loss_fn is not None else _NO_TARGET
+        context = strategy.loss_context()
+        context.__enter__()
+        stack.append((target, context))
         return args, kwargs
 
-    def compute_loss(module: nn.Module, args: Any, kwargs: Any, output: Any) -> Any:
-        stack = targets.__dict__.get("stack")
-        target = stack.pop() if stack else _NO_TARGET
-        if target is _NO_TARGET or output is None:  # None: the forward raised
+    def after(module: nn.Module, args: Any, kwargs: Any, output: Any) -> Any:
+        stack = calls.__dict__.get("stack")
+        if not stack:
             return output
-        return loss_fn(output, target)
+        target, context = stack.pop()
+        try:
+            if target is not _NO_TARGET and output is not None:  # None: the forward raised
+                assert loss_fn is not None
+                output = loss_fn(output, target)
+        finally:
+            context.__exit__(None, None, None)
+        return _whole(output) if strategy.loss_parallel else output
 
-    model.register_forward_pre_hook(take_target, with_kwargs=True)
-    model.register_forward_hook(compute_loss, with_kwargs=True, always_call=True)
+    # First of the pre-hooks: FSDP's own would cast a float target to bf16 with the inputs.
+    model.register_forward_pre_hook(before, with_kwargs=True, prepend=True)
+    model.register_forward_hook(after, with_kwargs=True, always_call=True)
+
+
+def _whole(output: Any) -> Any:
+    """DTensors in ``output`` as whole plain tensors (split logits gathered)."""
+    from torch.distributed.tensor import DTensor
+
+    return tree_map_only(DTensor, lambda t: t.full_tensor(), output)
 
 
 _NO_TARGET = object()

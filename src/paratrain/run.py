@@ -187,8 +187,7 @@ class Run(Job):
         for note in self.strategy.notes:
             self.console.print(note)
         self.strategy.notes.clear()
-        if loss_fn is not None:
-            attach_loss(wrapped, loss_fn, accum=lambda: self.loop.grad_accum)
+        attach_loss(wrapped, loss_fn, lambda: self.loop.grad_accum, self.strategy)
         params = dict(self.strategy.unwrap(wrapped).named_parameters())
         for optimizer in optimizers:
             rebind_optimizer(optimizer, names, params, partial=self.strategy.partial_model)
@@ -313,7 +312,8 @@ class Run(Job):
             return  # the pipeline's schedule ran this backward already, micro-batch by micro-batch
         if self.loop.grad_accum > 1:
             loss = loss / self.loop.grad_accum
-        self.precision.scale(loss).backward(**backward_kwargs)  # type: ignore[no-untyped-call]
+        with self.strategy.loss_context():  # loss parallel: its backward is a DTensor op too
+            self.precision.scale(loss).backward(**backward_kwargs)  # type: ignore[no-untyped-call]
 
     def step(self, optimizer: Optimizer, scheduler: Any = None) -> bool:
         """At the end of ``optimizer``'s window: unscale, clip, step, zero_grad, step the

@@ -11,7 +11,9 @@
 A plan maps module-name patterns (``*`` matches one name part, as in ``parallelize_module``) to a
 style: ``colwise`` splits a Linear's outputs (each rank computes some features), ``rowwise`` its
 inputs (partial results summed over the group), ``sequence`` runs a norm or dropout on a
-sequence shard; any DTensor ``ParallelStyle`` object is passed through. A colwise layer must
+sequence shard, ``output`` splits the last Linear over its classes (the vocabulary) and keeps the
+logits split for a cross-entropy computed on the shards (loss parallel, see :func:`output`); any
+DTensor ``ParallelStyle`` object is passed through. A colwise layer must
 feed the rowwise one through elementwise code only (an activation, dropout, a product of two
 colwise outputs): that is what :func:`mlp` and :func:`attention` build.
 
@@ -35,7 +37,7 @@ from torch import nn
 
 from paratrain.errors import ConfigError, ModelError
 
-STYLES = ("colwise", "rowwise", "sequence")
+STYLES = ("colwise", "rowwise", "sequence", "output")
 """Style names a plan may use instead of ParallelStyle objects."""
 _ELEMENTWISE = (
     nn.ReLU,
@@ -107,6 +109,18 @@ def attention(
     return TPPlan(styles, {block: tuple(heads)})
 
 
+def output(name: str = "lm_head") -> TPPlan:
+    """Split the output Linear ``name`` over its classes and compute the cross-entropy on the
+    shards (loss parallel): no rank ever holds the whole ``batch x classes`` logits.
+
+    The loss is parallel where paratrain computes it (``run.setup(..., loss_fn=F.cross_entropy)``
+    and ``model(x, target=y)``) or where the model's own forward does; outputs handed back to
+    your code are gathered into whole tensors, so ``criterion(model(x), y)`` and ``argmax``
+    still work, without the saving. ``loss_fn`` must be ``cross_entropy`` or ``nll_loss``
+    (over the last dimension), the ops torch's ``loss_parallel`` implements."""
+    return TPPlan({name: "output"})
+
+
 def _join(block: str, name: str) -> str:
     return f"{block}.{name}" if block else name
 
@@ -144,6 +158,8 @@ class Resolved:
     styles: dict[str, Any]
     heads: list[tuple[nn.Module, str, str]]
     """(module, its name, attribute) whose value is divided by the tp size."""
+    loss_parallel: bool = False
+    """True when an ``output`` style keeps logits split: losses run under ``loss_parallel``."""
 
 
 def resolve(model: nn.Module, plan: object, tp: int) -> Resolved:
@@ -164,7 +180,9 @@ def resolve(model: nn.Module, plan: object, tp: int) -> Resolved:
     else:
         found = TPPlan(dict(plan))  # type: ignore[call-overload]
     styles: dict[str, Any] = {}
+    parallel_loss = False
     for pattern, style in found.styles.items():
+        parallel_loss = parallel_loss or style == "output"
         names = _matches(pattern, modules)
         if not names:
             raise ModelError(_no_match(pattern, model, modules))
@@ -176,7 +194,7 @@ def resolve(model: nn.Module, plan: object, tp: int) -> Resolved:
     for pattern, attrs in found.heads.items():
         for module_name in _matches(pattern, modules):
             heads.extend(_head_attrs(module_name, modules[module_name], attrs, tp))
-    return Resolved(styles, heads)
+    return Resolved(styles, heads, parallel_loss)
 
 
 def auto_plan(model: nn.Module) -> TPPlan:
@@ -243,6 +261,11 @@ def _as_pattern(name: str, pattern: str) -> str:
 def _check_divisible(name: str, module: nn.Module, style: str, tp: int) -> None:
     if style == "sequence":
         return
+    if style == "output" and not isinstance(module, nn.Linear):
+        raise ModelError(
+            f"tp_plan makes {name!r} ({type(module).__name__}) the output layer of a parallel "
+            "loss, which must be the nn.Linear that produces the logits. Name that Linear."
+        )
     if not isinstance(module, (nn.Linear, nn.Embedding)):
         inner = [
             f"{name}.{n}"
@@ -258,7 +281,7 @@ def _check_divisible(name: str, module: nn.Module, style: str, tp: int) -> None:
     if isinstance(module, nn.Linear):
         size, what = (
             (module.out_features, "out_features")
-            if style == "colwise"
+            if style in ("colwise", "output")
             else (module.in_features, "in_features")
         )
     else:
@@ -299,12 +322,15 @@ def _head_attrs(
 def _style(style: Any) -> Any:
     if not isinstance(style, str):
         return style
+    from torch.distributed.tensor import Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         RowwiseParallel,
         SequenceParallel,
     )
 
+    if style == "output":  # logits stay a DTensor split over the classes, for loss_parallel
+        return ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
     return {"colwise": ColwiseParallel, "rowwise": RowwiseParallel, "sequence": SequenceParallel}[
         style
     ]()

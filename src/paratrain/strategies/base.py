@@ -113,6 +113,14 @@ class Strategy:
             "device before run.setup."
         )
 
+    loss_parallel: bool = False
+    """True when the model's logits stay split over ranks (``tp`` with an ``output`` layer):
+    losses and their backward run inside :meth:`loss_context`."""
+
+    def loss_context(self) -> contextlib.AbstractContextManager[Any]:
+        """Where a loss on this strategy's outputs is computed and back-propagated."""
+        return contextlib.nullcontext()
+
     def check_batch(self, batch_size: int, last: int | None) -> None:
         """Raise when a loader's per-rank batches (``last``: a short final one) cannot run."""
 

@@ -88,23 +88,23 @@ class PipelineStrategy(TensorParallelStrategy):
         stages = stage_count(config, pp)
         schedule = config.pipeline_schedule
         per_rank = stages // pp
+        made = f"{_source(config)} makes {stages} stage{'s' if stages > 1 else ''}"
         if stages % pp:
             raise ConfigError(
-                f"pipeline_split makes {stages} stages, which pp {pp} does not divide: each "
-                f"rank holds the same number of stages. Use {pp * max(1, stages // pp)} or "
-                f"{pp * (stages // pp + 1)} stages."
+                f"{made}, which pp {pp} does not divide: each rank holds the same number of "
+                f"stages. Use {pp * max(1, stages // pp)} or {pp * (stages // pp + 1)} stages."
             )
         if schedule == "interleaved_1f1b" and per_rank < 2:
             raise ConfigError(
                 f"pipeline_schedule='interleaved_1f1b' needs at least 2 stages per rank, but "
-                f"{stages} stages over pp {pp} give {per_rank}. Set pipeline_stages={2 * pp}, "
-                "or use pipeline_schedule='1f1b'."
+                f"{made}, {per_rank} per rank over pp {pp}. Set pipeline_stages={2 * pp}, or "
+                "use pipeline_schedule='1f1b'."
             )
         if schedule != "interleaved_1f1b" and per_rank > 1:
             raise ConfigError(
-                f"{stages} stages over pp {pp} put {per_rank} stages on each rank, which "
-                f"pipeline_schedule={schedule!r} cannot run. Use pipeline_schedule="
-                f"'interleaved_1f1b', or {pp} stages."
+                f"{made}: {per_rank} on each rank of pp {pp}, which pipeline_schedule="
+                f"{schedule!r} cannot run (one stage per rank). Use pipeline_schedule="
+                f"'interleaved_1f1b', or pipeline_stages={pp}."
             )
         micro = microbatches(config, stages)
         if schedule != "gpipe" and micro < stages:
@@ -224,6 +224,16 @@ def stage_count(config: RunConfig, pp: int) -> int:
     if config.pipeline_stages is not None:
         return config.pipeline_stages
     return pp * (2 if config.pipeline_schedule == "interleaved_1f1b" else 1)
+
+
+def _source(config: RunConfig) -> str:
+    """Which setting decided the number of stages, for an error message."""
+    split = config.pipeline_split
+    if split is not None and not callable(split):
+        return f"pipeline_split={tuple(split)!r}"
+    if config.pipeline_stages is not None:
+        return f"pipeline_stages={config.pipeline_stages}"
+    return f"pipeline_schedule={config.pipeline_schedule!r} by default"
 
 
 def microbatches(config: RunConfig, stages: int) -> int:

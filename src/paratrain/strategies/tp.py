@@ -14,8 +14,9 @@ activations they all hold stays identical. See :mod:`paratrain.tp` for plans.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -70,6 +71,7 @@ class TensorParallelStrategy(FSDPStrategy):
         for module, _, attr in plan.heads:
             setattr(module, attr, getattr(module, attr) // size)
         parallelize_module(model, mesh["tp"], plan.styles)
+        self.loss_parallel = plan.loss_parallel
         styles = ", ".join(f"{n} {type(s).__name__}" for n, s in plan.styles.items())
         self.notes.append(f"paratrain: tensor parallel over tp {size}: {styles}")
         for module, name, attr in plan.heads:
@@ -77,10 +79,22 @@ class TensorParallelStrategy(FSDPStrategy):
                 f"paratrain: {name}.{attr} = {getattr(module, attr)} heads per rank (of "
                 f"{getattr(module, attr) * size})"
             )
+        if plan.loss_parallel:
+            self.notes.append(
+                "paratrain: loss parallel: logits stay split over the classes; losses from "
+                "loss_fn= or from the model's forward are computed on the shards"
+            )
         data = self.shape.data_submesh(mesh)
         if data is not None:
             model = self.shard(model, data)
         return model
+
+    def loss_context(self) -> contextlib.AbstractContextManager[Any]:
+        if not self.loss_parallel:
+            return contextlib.nullcontext()
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        return loss_parallel()
 
     def clip_grad_norm(self, params: list[torch.Tensor], max_norm: float) -> float:
         return clip_by_global_norm(params, max_norm, device=self.device)
