@@ -27,6 +27,7 @@ import re
 import shutil
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -458,7 +459,9 @@ class CheckpointStore:
             }
             reader = SafeReader(str(folder / "dcp"), records)
             try:
-                dcp_load(state, storage_reader=reader, planner=SafePlanner())
+                with warnings.catch_warnings():  # one process reading shards is intended
+                    warnings.filterwarnings("ignore", "torch.distributed is disabled")
+                    dcp_load(state, storage_reader=reader, planner=SafePlanner())
             except CheckpointException as err:
                 raise _dcp_failure(folder, err) from None
             optim_state = state.get(optim_stem, {})
