@@ -66,6 +66,23 @@ def test_any_cut_keeps_every_layer_once_in_order_under_its_own_name(
     assert len(balanced) == stages
 
 
+def test_stages_on_one_rank_merge_under_the_models_names() -> None:
+    """Two stages of one rank (interleaved) sharing a container: one module, every name once,
+    the layer objects themselves."""
+    from paratrain.strategies.pipeline import _graft
+
+    model = nn.Sequential(
+        nn.Linear(2, 2), nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 2)), nn.Linear(2, 2)
+    )
+    first, second = (stage_module(model, names) for names in (["0", "1.0"], ["1.2", "2"]))
+    merged = nn.Module()
+    _graft(merged, first)
+    _graft(merged, second)
+    assert sorted(merged.state_dict()) == sorted(model.state_dict())
+    ours, theirs = dict(merged.named_parameters()), dict(model.named_parameters())
+    assert all(ours[name] is theirs[name] for name in theirs)
+
+
 def test_balanced_stages_hold_about_equal_parameters() -> None:
     model = nn.Sequential(*(nn.Linear(32, 32) for _ in range(8)))
     assert plan_stages(model, None, 4) == [["0", "1"], ["2", "3"], ["4", "5"], ["6", "7"]]
