@@ -85,7 +85,7 @@ def test_bad_mesh_settings_name_the_fix(value: object, needle: str) -> None:
         (dict(mesh={"dp": 2, "tp": 2}), r"dp 2 x tp 2 = 4 ranks, but the world size is 1"),
         (dict(strategy="tp", mesh={"dp": 3}, tp_plan="auto"), "= 3 ranks"),
         (dict(strategy="ddp", mesh={"dp": 1}), "mesh is a 'fsdp', 'tp' or 'pipeline' option"),
-        (dict(strategy="cpu", tp_plan="auto"), "tp_plan is a 'tp' option"),
+        (dict(strategy="cpu", tp_plan="auto"), "tp_plan is a 'tp' or 'pipeline' option"),
         (dict(strategy="tp"), "strategy 'tp' needs tp_plan"),
         (dict(strategy="tp", tp_plan={"fc": "diagonal"}), "Styles: colwise, rowwise, sequence"),
         (dict(strategy="tp", tp_plan={}), "tp_plan must be 'auto'"),

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.utils.data import TensorDataset
 
 import paratrain as pt
@@ -126,6 +127,7 @@ def train(
             "steps": run.global_step,
             "data": (run.data_rank, run.data_size),
             "strategy": run.strategy.name,
+            "split": any(isinstance(p, DTensor) for p in model.parameters()),
         }
 
 
@@ -144,6 +146,7 @@ SCENARIOS: dict[int, dict[str, dict[str, Any]]] = {
         "pp_fsdp": dict(strategy="pipeline", mesh={"pp": 2, "dp": 2}),
         "pp_hsdp": dict(mesh={"pp": 2, "dp_replicate": 2}, pipeline_schedule="gpipe"),
         "pp_fsdp_accum": dict(mesh={"pp": 2, "dp": 2}, grad_accum=2),
+        "pp_tp": dict(mesh={"pp": 2, "tp": 2}, tp_plan="auto", dropout=0.0),
     },
 }
 
@@ -202,11 +205,17 @@ def world4() -> list[dict[str, Any]]:
     return run_distributed(_scenarios, 4, 4, timeout=300)
 
 
-@pytest.mark.parametrize("name", ["pp_fsdp", "pp_hsdp", "pp_fsdp_accum"])
-def test_pipeline_times_data_parallel_matches_one_process(
+@pytest.mark.parametrize("name", ["pp_fsdp", "pp_hsdp", "pp_fsdp_accum", "pp_tp"])
+def test_pipeline_times_data_or_tensor_parallel_matches_one_process(
     world4: list[dict[str, Any]], reference: dict[str, Any], name: str
 ) -> None:
-    assert [r[name]["data"] for r in world4] == [(0, 2), (1, 2), (0, 2), (1, 2)]
+    """pp 2 x dp 2 (FSDP, HSDP, with accumulation) and pp 2 x tp 2 (stage 1's MLP split)."""
+    if name == "pp_tp":
+        assert [r[name]["data"] for r in world4] == [(0, 1)] * 4  # one pipeline of tp pairs
+        # ranks 0, 1 hold stage 0 (no Linear pair inside it), ranks 2, 3 stage 1 (its MLP split)
+        assert [r[name]["split"] for r in world4] == [False, False, True, True]
+    else:
+        assert [r[name]["data"] for r in world4] == [(0, 2), (1, 2), (0, 2), (1, 2)]
     got = world4[0][name]
     assert got["steps"] == STEPS
     assert max_abs_diff(got["weights"], reference["weights"]) <= 1e-5

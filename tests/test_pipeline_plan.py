@@ -137,6 +137,8 @@ def test_bad_split_settings(value: Any) -> None:
         (dict(mesh={"pp": 2, "dp": 2}), "= 4 ranks, but the world size is 2"),
         (dict(strategy="fsdp", mesh={"pp": 2}), "Use strategy='pipeline'"),
         (dict(strategy="tp", mesh={"pp": 2}, tp_plan="auto"), "Use strategy='pipeline'"),
+        (dict(mesh={"pp": 1, "tp": 2}), "no tp_plan says which layers of each stage to split"),
+        (dict(tp_plan="auto"), "has no tp axis to split layers over"),
         (dict(strategy="ddp", n_microbatches=4), "n_microbatches is a 'pipeline' option"),
     ],
 )
@@ -147,6 +149,22 @@ def test_configs_that_cannot_run_fail_before_any_rank_starts(
     with pytest.raises(ConfigError) as err:
         select_strategy(config, rank_of_two(), gpus=0)
     assert needle in str(err.value)
+
+
+def test_a_column_wise_layer_cannot_end_a_stage(tmp_path: Any) -> None:
+    """At pp 1 x tp 1 nothing is split, but the plan's checks still run on the stages."""
+    from paratrain.strategies.pipeline import _check_stage_ends_whole
+    from paratrain.tp import resolve
+
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 4))
+    plan = {"0": "colwise", "2": "rowwise"}
+    first, second = (stage_module(model, names) for names in (["0", "1"], ["2"]))
+    _check_stage_ends_whole(second, resolve(second, plan, 2, part=True), 1)  # rowwise: fine
+    with pytest.raises(ModelError, match="splits '0' column-wise as the last split layer"):
+        _check_stage_ends_whole(first, resolve(first, plan, 2, part=True), 0)
+    with pytest.raises(ModelError, match="matches no module"):
+        resolve(model, {"9": "colwise"}, 2)  # the whole model is checked first
+    assert resolve(first, {"9": "colwise"}, 2, part=True).styles == {}
 
 
 def test_auto_picks_the_pipeline_for_a_pp_axis_or_a_pipeline_setting() -> None:

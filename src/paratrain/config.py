@@ -119,10 +119,10 @@ class RunConfig:
     ``{'dp': -1, 'tp': 2}``. None: every rank on ``dp`` (``fsdp``), ``tp`` (``tp``) or ``pp``
     (``pipeline``)."""
     tp_plan: PlanSetting | None = None
-    """``tp``: which layers to split: ``'auto'`` (the MLPs it can prove safe), a dict of module
-    name pattern to ``'colwise'``/``'rowwise'``/``'sequence'``/``'output'`` (loss parallel) or a
-    DTensor ParallelStyle, or plans from ``paratrain.tp`` (``mlp``, ``attention``, ``output``)
-    joined with ``|``."""
+    """``tp`` (and ``pipeline`` with a tp axis): which layers to split: ``'auto'`` (the MLPs it
+    can prove safe), a dict of module name pattern to ``'colwise'``/``'rowwise'``/``'sequence'``/
+    ``'output'`` (loss parallel) or a DTensor ParallelStyle, or plans from ``paratrain.tp``
+    (``mlp``, ``attention``, ``output``) joined with ``|``."""
     pipeline_split: SplitSetting | None = None
     """``pipeline``: where stages begin, as layer names of an ``nn.Sequential`` model (e.g.
     ``('layers.4',)``), or a function ``(model, stage, stages) -> module`` for any model; None

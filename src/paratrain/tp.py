@@ -162,12 +162,15 @@ class Resolved:
     """True when an ``output`` style keeps logits split: losses run under ``loss_parallel``."""
 
 
-def resolve(model: nn.Module, plan: object, tp: int) -> Resolved:
-    """The plan for ``model`` at tp size ``tp``, every name checked; ModelError names the fix."""
+def resolve(model: nn.Module, plan: object, tp: int, *, part: bool = False) -> Resolved:
+    """The plan for ``model`` at tp size ``tp``, every name checked; ModelError names the fix.
+
+    ``part``: ``model`` is one pipeline stage of a model the plan was checked against; patterns
+    that match nothing here belong to other stages."""
     modules = dict(model.named_modules())
     if plan == "auto":
         found = auto_plan(model)
-        if not found.styles:
+        if not found.styles and not part:
             raise ModelError(
                 f"tp_plan='auto' found nothing it can split in {type(model).__name__}: it "
                 "recognises nn.Sequential(Linear, activation/dropout, ..., Linear) and the "
@@ -184,7 +187,7 @@ def resolve(model: nn.Module, plan: object, tp: int) -> Resolved:
     for pattern, style in found.styles.items():
         parallel_loss = parallel_loss or style == "output"
         names = _matches(pattern, modules)
-        if not names:
+        if not names and not part:
             raise ModelError(_no_match(pattern, model, modules))
         for module_name in names:
             if isinstance(style, str):

@@ -144,8 +144,8 @@ _OPTIONS_OF: dict[str, dict[str, object]] = {
     "dp": {"device_ids": None},
 }
 # Strategies that also read another's options: tp and pipeline shard over the data axes as fsdp
-# does.
-_ALSO_READS = {"tp": ("fsdp",), "pipeline": ("fsdp",)}
+# does, and pipeline splits layers inside its stages as tp does.
+_ALSO_READS = {"tp": ("fsdp",), "pipeline": ("fsdp", "tp")}
 
 
 def _foreign_options(config: RunConfig, chosen: str) -> list[str]:

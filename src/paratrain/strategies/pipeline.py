@@ -4,6 +4,7 @@
     pt.Run(strategy="pipeline", pipeline_split=("6",), pipeline_schedule="gpipe")
     pt.Run(strategy="pipeline", mesh={"pp": 2, "dp": -1}, n_microbatches=8)   # pp x FSDP
     pt.Run(strategy="pipeline", pipeline_schedule="interleaved_1f1b")  # 2 stages per rank
+    pt.Run(mesh={"pp": 2, "dp": -1, "tp": 2}, tp_plan="auto")        # pp x FSDP x TP
 
     model, optimizer = run.setup(model, optimizer, loss_fn=F.cross_entropy)
     with run.accumulate(model):
@@ -13,8 +14,9 @@
 
 ``wrap`` gives every rank rank 0's initial weights, cuts the model into stages
 (:mod:`paratrain.pipeline`), keeps this rank's (stage ``r``, and ``r + pp``, ... with several
-stages per rank), shards each with ``fully_shard`` over the data axes when they have more than
-one rank, and returns a :class:`PipelineModel`. Its forward runs ``torch.distributed.pipelining``
+stages per rank), splits layers inside them with ``tp_plan`` when the mesh has a tp axis,
+shards each with ``fully_shard`` over the data axes when they have more than one rank, and
+returns a :class:`PipelineModel`. Its forward runs ``torch.distributed.pipelining``
 (``PipelineStage`` and the GPipe, 1F1B or interleaved 1F1B schedule): training with ``target=``
 runs forward and backward of ``n_microbatches`` micro-batches and returns the batch's mean loss
 on every rank of the pipeline; evaluation (``model.eval()`` or ``torch.no_grad()``) runs the
@@ -39,9 +41,9 @@ from torch.distributed.pipelining import (
     ScheduleInterleaved1F1B,
 )
 
-from paratrain import pipeline
+from paratrain import pipeline, tp
 from paratrain.config import RunConfig
-from paratrain.errors import ConfigError
+from paratrain.errors import ConfigError, ModelError
 from paratrain.mesh import MeshShape
 from paratrain.strategies.base import average_buffers
 from paratrain.strategies.tp import TensorParallelStrategy, clip_by_global_norm
@@ -51,7 +53,8 @@ LossFn = Callable[[Any, Any], torch.Tensor]
 
 
 class PipelineStrategy(TensorParallelStrategy):
-    """Pipeline stages over ``pp``; FSDP over the data-parallel axes, if any."""
+    """Pipeline stages over ``pp``; tensor parallel inside them over ``tp`` and FSDP over the
+    data-parallel axes, if the mesh has them."""
 
     name: ClassVar[str] = "pipeline"
     partial_model: ClassVar[bool] = True
@@ -61,11 +64,16 @@ class PipelineStrategy(TensorParallelStrategy):
     @classmethod
     def mesh_shape(cls, config: RunConfig, topology: Topology) -> MeshShape:
         shape = MeshShape.resolve(config.mesh or {"pp": -1}, topology.world_size)
-        if shape.sizes["tp"] > 1:
+        if shape.sizes["tp"] > 1 and config.tp_plan is None:
             raise ConfigError(
-                f"mesh={config.mesh!r} has a tp axis; strategy 'pipeline' does not split layers "
-                "inside its stages yet. Use mesh={'pp': ..., 'dp': ...}, or strategy='tp' "
-                "without pp."
+                f"mesh={config.mesh!r} has a tp axis but no tp_plan says which layers of each "
+                "stage to split. Pass tp_plan='auto' or a plan (paratrain.tp), or drop the tp "
+                "axis."
+            )
+        if shape.sizes["tp"] == 1 and config.tp_plan is not None:
+            raise ConfigError(
+                f"tp_plan is set but mesh={config.mesh!r} has no tp axis to split layers over. "
+                "Add one, e.g. mesh={'pp': 2, 'tp': 2}, or drop tp_plan."
             )
         if shape.sizes["pp"] == 1 and topology.world_size > 1:
             raise ConfigError(
@@ -131,6 +139,8 @@ class PipelineStrategy(TensorParallelStrategy):
             every = [pipeline.stage_module(model, names) for names in layers]
             pipeline.check_untied(every, list(range(stages)))
             modules = [every[i] for i in indices]
+        if self.shape.sizes["tp"] > 1:
+            self._split_layers(model, modules, indices, mesh)
         data = self.shape.data_submesh(mesh)
         if data is not None:
             modules = [self.shard(module, data) for module in modules]
@@ -154,6 +164,33 @@ class PipelineStrategy(TensorParallelStrategy):
             group=mesh["pp"].get_group(),
             device=self.device,
         )
+
+    def _split_layers(
+        self, model: nn.Module, modules: list[nn.Module], indices: list[int], mesh: Any
+    ) -> None:
+        """Tensor parallel inside each stage: the plan checked on the whole model, then applied
+        to each of this rank's stages (``auto``: the pairs inside one stage)."""
+        from torch.distributed.tensor.parallel import parallelize_module
+
+        plan = self.config.tp_plan
+        size = self.shape.sizes["tp"]
+        whole = tp.resolve(model, plan, size)
+        if whole.loss_parallel:
+            raise ConfigError(
+                "tp_plan has an 'output' layer (loss parallel), which strategy 'pipeline' does "
+                "not run: its loss is computed inside the schedule. Drop paratrain.tp.output "
+                "from the plan."
+            )
+        for module, index in zip(modules, indices, strict=True):
+            part = tp.resolve(module, plan, size, part=True)
+            _check_stage_ends_whole(module, part, index)
+            for head_module, _, attr in part.heads:
+                setattr(head_module, attr, getattr(head_module, attr) // size)
+            parallelize_module(module, mesh["tp"], part.styles)
+            styles = ", ".join(f"{n} {type(s).__name__}" for n, s in part.styles.items())
+            self.notes.append(
+                f"paratrain: stage {index}: tensor parallel over tp {size}: {styles or 'nothing'}"
+            )
 
     def check_batch(self, batch_size: int, last: int | None) -> None:
         micro = microbatches(self.config, stage_count(self.config, self.pp))
@@ -239,6 +276,21 @@ def _source(config: RunConfig) -> str:
 def microbatches(config: RunConfig, stages: int) -> int:
     """Micro-batches per batch: ``n_microbatches``, or one per stage."""
     return config.n_microbatches if config.n_microbatches is not None else stages
+
+
+def _check_stage_ends_whole(module: nn.Module, part: Any, index: int) -> None:
+    """Refuse a stage whose last split layer is column-wise: its output would leave the stage
+    split over the tp ranks, where the next stage expects the whole activation."""
+    from torch.distributed.tensor.parallel import ColwiseParallel
+
+    order = [name for name, _ in module.named_modules() if name in part.styles]
+    if order and isinstance(part.styles[order[-1]], ColwiseParallel):
+        raise ModelError(
+            f"tp_plan splits {order[-1]!r} column-wise as the last split layer of pipeline "
+            f"stage {index}: its output would cross to the next stage split over the tp ranks. "
+            "Keep each column-wise layer in the stage of its row-wise partner (move the "
+            "pipeline split), or leave the pair out of the plan."
+        )
 
 
 def _span(names: list[str]) -> str:
