@@ -228,3 +228,15 @@ def test_the_same_loop_trains_under_any_strategy(strategy: str, tmp_path: Any) -
             plain = nn.functional.cross_entropy(model(x), y)
             assert float(model(x, target=y)) == pytest.approx(float(plain), abs=1e-6)
         assert float(plain) < first
+
+
+def test_a_loss_fn_that_is_not_a_function_is_refused_before_the_model_is_set_up(
+    tmp_path: Any,
+) -> None:
+    with pt.Run(strategy="cpu", run_dir=tmp_path, progress=False) as run:
+        model = _model()
+        with pytest.raises(ModelError, match="must be a function \\(output, target\\) -> loss"):
+            run.setup(model, loss_fn="cross_entropy")
+        model = run.setup(model, loss_fn=nn.functional.cross_entropy)  # nothing was lost
+        x, y = _digits()[:4]
+        torch.testing.assert_close(model(x, target=y), nn.functional.cross_entropy(model(x), y))

@@ -9,6 +9,8 @@
   in fp32 as in torch's recipe (``with autocast(): loss = criterion(model(x), y)``). It uses
   forward hooks, so ``copy.deepcopy(model)`` and ``AveragedModel(model)`` (EMA, SWA, teachers)
   run their *own* forward under autocast, not the original's.
+- :func:`attach_loss` makes ``model(x, target=y)`` return the loss (``run.setup(loss_fn=)``),
+  under loss parallel too.
 - :func:`model_devices` finds models the user already split over several devices.
 - :func:`rebind_optimizer` points an optimizer built on the plain model at the parameters the
   strategy created (FSDP replaces every parameter by a sharded one).
@@ -155,11 +157,7 @@ def attach_loss(
     DataParallel computes the loss once on the gathered output. With loss parallel (split
     logits) the forward and the loss run inside ``strategy.loss_context()`` and what goes back
     to the caller is whole tensors."""
-    if loss_fn is not None and not callable(loss_fn):
-        raise ModelError(
-            f"run.setup(loss_fn=...) must be a function (output, target) -> loss, e.g. "
-            f"torch.nn.functional.cross_entropy; got {type(loss_fn).__name__}."
-        )
+    check_loss_fn(loss_fn)
     use_loss = getattr(model, "use_loss", None)
     if use_loss is not None:
         if loss_fn is not None:
@@ -193,6 +191,15 @@ def attach_loss(
     # First of the pre-hooks: FSDP's own would cast a float target to bf16 with the inputs.
     model.register_forward_pre_hook(before, with_kwargs=True, prepend=True)
     model.register_forward_hook(after, with_kwargs=True, always_call=True)
+
+
+def check_loss_fn(loss_fn: object) -> None:
+    """Refuse a ``loss_fn`` that cannot be called (before anything is wrapped)."""
+    if loss_fn is not None and not callable(loss_fn):
+        raise ModelError(
+            f"run.setup(loss_fn=...) must be a function (output, target) -> loss, e.g. "
+            f"torch.nn.functional.cross_entropy; got {type(loss_fn).__name__}."
+        )
 
 
 def _whole(output: Any) -> Any:

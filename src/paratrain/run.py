@@ -44,7 +44,13 @@ from paratrain.config import RunConfig
 from paratrain.errors import ConfigError
 from paratrain.job import Job
 from paratrain.loop_state import LoopState
-from paratrain.model_setup import attach_loss, check_disjoint, prepare_model, rebind_optimizer
+from paratrain.model_setup import (
+    attach_loss,
+    check_disjoint,
+    check_loss_fn,
+    prepare_model,
+    rebind_optimizer,
+)
 from paratrain.run_checkpoints import RunCheckpoints, RunParts
 from paratrain.run_loop import LoopHooks
 from paratrain.seeding import rank_seed, seed_everything
@@ -181,6 +187,7 @@ class Run(Job):
         strategy; ``pipeline`` needs it (it computes the loss inside its schedule)."""
         names = {id(p): n for n, p in model.named_parameters()}
         check_disjoint(optimizers, names)
+        check_loss_fn(loss_fn)
         wrapped = prepare_model(
             model, self.strategy, self.precision, self.config.activation_checkpointing
         )
