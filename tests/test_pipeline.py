@@ -17,7 +17,7 @@ from torch.utils.data import TensorDataset
 import paratrain as pt
 from paratrain.checkpoint.inspection import convert, inspect
 from tests.support.distributed import run_distributed
-from tests.support.training import max_abs_diff
+from tests.support.training import assert_same_training, max_abs_diff
 
 pytestmark = pytest.mark.dist
 
@@ -174,13 +174,9 @@ def test_pipeline_matches_one_process(world2: list[dict[str, Any]], name: str) -
     else:
         assert got["strategy"] == "pipeline"
         assert [r[name]["data"] for r in world2] == [(0, 1), (0, 1)]  # one pipeline, one batch
-    assert got["steps"] == reference["steps"] == STEPS
-    assert max_abs_diff(got["weights"], reference["weights"]) <= 1e-5
-    if name != "accum":  # with accumulation a loss is a micro-batch's
-        diffs = [abs(a - b) for a, b in zip(got["losses"], reference["losses"], strict=True)]
-        assert max(diffs) <= 1e-5
+    assert got["steps"] == STEPS
+    assert_same_training(got, reference, losses=name != "accum")  # a pipeline counted once
     assert world2[1][name]["losses"] == got["losses"]  # every stage reports the loss
-    assert got["correct"] == reference["correct"]  # a pipeline's count is counted once
     assert abs(got["eval_loss"] - reference["eval_loss"]) <= 1e-4
 
 
@@ -218,11 +214,7 @@ def test_pipeline_times_data_or_tensor_parallel_matches_one_process(
         assert [r[name]["data"] for r in world4] == [(0, 2), (1, 2), (0, 2), (1, 2)]
     got = world4[0][name]
     assert got["steps"] == STEPS
-    assert max_abs_diff(got["weights"], reference["weights"]) <= 1e-5
-    if name != "pp_fsdp_accum":  # with accumulation a loss is a micro-batch's
-        diffs = [abs(a - b) for a, b in zip(got["losses"], reference["losses"], strict=True)]
-        assert max(diffs) <= 1e-5
-    assert got["correct"] == reference["correct"]
+    assert_same_training(got, reference, losses=name != "pp_fsdp_accum")
 
 
 # -- checkpoints across layouts ----------------------------------------------------------------

@@ -72,6 +72,18 @@ def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> floa
     return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
 
 
+def assert_same_training(
+    got: dict[str, Any], ref: dict[str, Any], *, losses: bool = True, tol: float = 1e-5
+) -> None:
+    """``got`` trained like the one-process ``ref``: steps, weights and evaluation count, and
+    each step's loss unless ``losses=False`` (with accumulation a loss is a micro-batch's)."""
+    assert got["steps"] == ref["steps"]
+    assert max_abs_diff(got["weights"], ref["weights"]) <= tol
+    if losses:
+        assert max(abs(a - b) for a, b in zip(got["losses"], ref["losses"], strict=True)) <= tol
+    assert got["correct"] == ref["correct"]
+
+
 def saved_once(root: str | Path) -> Path:
     """A committed checkpoint of the untrained MLP with its SGD optimizer, in ``root``."""
     with pt.Run(progress=False, ckpt_dir=str(root), seed=0) as run:
