@@ -332,3 +332,12 @@ def test_peer_columns_appear_only_when_peers_were_compared() -> None:
     table = markdown_table([{**row, "peers": peers}])
     assert "| accelerate samples/s | accelerate/reference | fabric samples/s |" in table
     assert "| skipped: no FSDP on cpu |  | 90.0 | 0.891 (0.850–0.930) too noisy |" in table
+
+
+def test_the_allocator_is_held_steady_for_measurements() -> None:
+    """glibc here: the thresholds are fixed (the bench's ratios depend on it, see measure.py)."""
+    import platform
+
+    from paratrain.bench.measure import steady_allocator
+
+    assert steady_allocator() is (platform.libc_ver()[0] == "glibc")

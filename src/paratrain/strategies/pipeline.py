@@ -349,6 +349,7 @@ class PipelineModel(nn.Module):
         self._loss_fn: LossFn | None = None
         self._accum: Callable[[], int] = lambda: 1
         self._raw: dict[int, torch.Tensor] = {}
+        self._sending: Any = None  # the last stage's loss broadcast, in flight
         self._micro = microbatches
 
     @property
@@ -417,7 +418,7 @@ class PipelineModel(nn.Module):
         if target is not None:
             mean = torch.stack(raw).mean().float() if raw else torch.zeros((), device=self._device)
             if self._last is not None:
-                dist.broadcast(mean, src=self._last, group=self._group)
+                self._share_loss(mean)
             loss = mean.detach().requires_grad_()
             loss._paratrain_pipeline = True  # type: ignore[attr-defined]
             return loss
@@ -445,6 +446,18 @@ class PipelineModel(nn.Module):
         scaled = raw / (self._micro * self._accum())
         self._raw[id(scaled)] = raw.detach()
         return scaled
+
+    def _share_loss(self, mean: torch.Tensor) -> None:
+        """The last stage's loss to every stage. The sender does not wait for it to arrive:
+        its optimizer step then overlaps the first stages' last backward, as it would with no
+        loss to share (waiting cost 10 % of a step at pp 2); it waits before its next send."""
+        if self._sending is not None:
+            self._sending.wait()
+            self._sending = None
+        if dist.get_rank() == self._last:
+            self._sending = dist.broadcast(mean, src=self._last, group=self._group, async_op=True)
+        else:
+            dist.broadcast(mean, src=self._last, group=self._group)
 
     def _from_last(self, value: Any) -> Any:
         """``value`` as the last stage has it, on every rank of the pipeline."""
