@@ -107,8 +107,9 @@ class RunConfig:
     fsdp_wrap: ModulePolicy = ()
     """``fsdp``: module types (or a predicate) sharded as their own unit; the root always is."""
     fsdp_reshard_after_forward: bool = True
-    """``fsdp``: free the gathered parameters after forward (gather again in backward); False
-    keeps them, trading memory for one all-gather per unit and step."""
+    """``fsdp``: free each unit's gathered parameters after forward (gather again in
+    backward); False keeps them, trading memory for one all-gather per unit and step. The root
+    unit keeps them either way (backward starts with it)."""
     fsdp_offload: bool = False
     """``fsdp`` on GPUs: keep sharded parameters, gradients and optimizer state in host memory
     (``CPUOffloadPolicy``); the optimizer steps on the CPU."""
