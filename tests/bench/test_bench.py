@@ -42,6 +42,20 @@ def test_tp_rows_need_layers_that_auto_can_split() -> None:
     assert make_plan(["tp"], ["fp32"], [2], mlp)[0][1] is None
 
 
+def test_two_dimensional_rows_are_meshes_of_pairs() -> None:
+    from paratrain.bench.loops import Config
+
+    assert Config("hsdp", "bf16", 4).run_settings() == {
+        "strategy": "fsdp",
+        "mesh": {"dp_replicate": -1, "dp": 2},
+        "precision": "bf16",
+    }
+    assert Config("fsdp_tp", "fp32", 4).run_settings()["mesh"] == {"dp": -1, "tp": 2}
+    plan = {c.nproc: why for c, why in make_plan(["hsdp"], ["fp32"], [1, 3, 4])}
+    assert plan[4] is None and "does not divide world size 3" in str(plan[3])
+    assert "does not divide world size 1" in str(plan[1])
+
+
 def test_pipeline_rows_need_a_model_paratrain_can_cut() -> None:
     with torch.device("meta"):
         gpt = build_spec("transformer", depth=2, width=64).build()
@@ -56,7 +70,7 @@ def test_pipeline_rows_need_a_model_paratrain_can_cut() -> None:
 @pytest.mark.parametrize(
     "args,needle",
     [
-        (["--strategies", "nope"], "comma list of: cpu, single, dp, ddp, fsdp, tp, pipeline"),
+        (["--strategies", "nope"], "cpu, single, dp, ddp, fsdp, tp, pipeline, fsdp_tp, hsdp"),
         (["--nproc", "one"], "'one' is not a whole number"),
         (["--precision", "fp8"], "comma list of: fp32, bf16, fp16"),
         (["--model", "nosuchmodule:factory"], "cannot import"),
@@ -82,7 +96,7 @@ def test_bench_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
             "--depth",
             "1",
             "--strategies",
-            "cpu,dp,ddp,tp,pipeline",
+            "cpu,dp,ddp,tp,pipeline,fsdp_tp",
             "--nproc",
             "1,2",
             "--steps",
@@ -105,8 +119,10 @@ def test_bench_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     data = json.loads((tmp_path / "bench.json").read_text())
     assert data["meta"]["model"]["name"] == "mlp" and data["meta"]["flops_per_sample"] > 0
     rows = {(r["strategy"], r["nproc"]): r for r in data["results"]}
-    assert set(rows) == {(s, n) for s in ("cpu", "dp", "ddp", "tp", "pipeline") for n in (1, 2)}
-    for row in (rows[("tp", 2)], rows[("pipeline", 2)]):
+    names = ("cpu", "dp", "ddp", "tp", "pipeline", "fsdp_tp")
+    assert set(rows) == {(s, n) for s in names for n in (1, 2)}
+    assert "does not divide world size 1" in rows[("fsdp_tp", 1)]["skipped"]  # tp 2: 2 ranks
+    for row in (rows[("tp", 2)], rows[("pipeline", 2)], rows[("fsdp_tp", 2)]):
         assert row["samples_per_s"] > 0 and row["overhead_ratio"] > 0
     ddp2 = rows[("ddp", 2)]
     for key in (

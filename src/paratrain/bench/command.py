@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from paratrain.bench import report
-from paratrain.bench.loops import Settings
+from paratrain.bench.loops import LAYOUTS, Settings
 from paratrain.bench.models import build_spec, check_model
 from paratrain.bench.peers import PEERS, check_installed
 from paratrain.bench.runner import make_plan, run_plan
@@ -98,7 +98,9 @@ def _parse(args: argparse.Namespace) -> tuple[list[str], list[str], list[int], l
     gpus = torch.cuda.device_count()
     default = "single,ddp,fsdp" if gpus else "cpu,ddp,fsdp"
     strategies = _list(
-        default if args.strategies is None else args.strategies, "strategies", STRATEGY_NAMES
+        default if args.strategies is None else args.strategies,
+        "strategies",
+        (*STRATEGY_NAMES, *LAYOUTS),
     )
     precisions = _list(args.precision, "precision", PRECISIONS)
     nprocs: list[int] = args.nproc or [1, 2]  # flags are range-checked by cli_types

@@ -17,14 +17,32 @@ from torch.utils.data import TensorDataset
 
 from paratrain.bench.models import ModelSpec
 
+LAYOUTS: dict[str, dict[str, Any]] = {
+    "fsdp_tp": {"strategy": "tp", "mesh": {"dp": -1, "tp": 2}, "tp_plan": "auto"},
+    "hsdp": {"strategy": "fsdp", "mesh": {"dp_replicate": -1, "dp": 2}},
+}
+"""Two-dimensional rows of ``--strategies``: FSDP x TP (tp pairs) and HSDP (shard pairs)."""
+
 
 @dataclass(frozen=True)
 class Config:
-    """One cell of the benchmark matrix."""
+    """One cell of the benchmark matrix (``strategy``: a strategy name or a LAYOUTS key)."""
 
     strategy: str
     precision: str
     nproc: int
+
+    def run_settings(self) -> dict[str, Any]:
+        """The ``pt.Run`` settings of this cell."""
+        settings: dict[str, Any] = dict(LAYOUTS.get(self.strategy, {"strategy": self.strategy}))
+        if self.strategy == "tp":
+            settings["tp_plan"] = "auto"
+        return {**settings, "precision": self.precision}
+
+    @property
+    def splits_layers(self) -> bool:
+        """True when a group of ranks shares one batch and splits layers (tp, pipeline)."""
+        return self.strategy in ("tp", "fsdp_tp", "pipeline")
 
 
 @dataclass(frozen=True)

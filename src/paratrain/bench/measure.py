@@ -4,8 +4,8 @@
 
 The reference is the tutorials' template written out by hand for each strategy (a plain loop,
 ``nn.DataParallel``, ``DistributedDataParallel``, ``fully_shard``, ``parallelize_module``,
-``PipelineStage`` with ``Schedule1F1B``), with ``torch.autocast`` and a ``GradScaler`` for
-reduced precision. Both loops live in the same process (same model init, same
+on 2-D meshes too, ``PipelineStage`` with ``Schedule1F1B``), with ``torch.autocast`` and a
+``GradScaler`` for reduced precision. Both loops live in the same process (same model init, same
 data) and run in alternating blocks of ``steps`` steps, the order swapped every pair; each pair
 of blocks gives one ratio, so the machine's drifts hit both sides of it alike. Pairs are added
 until the bootstrap 95 % interval of the median ratio is within ``±spread`` of it (at least
@@ -72,12 +72,7 @@ def _batches(
 def paratrain_loop(spec: ModelSpec, config: Config, settings: Settings) -> Loop:
     """The paratrain loop for ``config``, set up and ready to step."""
     with contextlib.redirect_stdout(io.StringIO()):
-        run = pt.Run(
-            strategy=config.strategy,
-            precision=config.precision,
-            tp_plan="auto" if config.strategy == "tp" else None,
-            progress=False,
-        )
+        run = pt.Run(**config.run_settings(), progress=False)
     try:
         torch.manual_seed(0)
         model = spec.build()
@@ -150,6 +145,8 @@ def reference_loop(spec: ModelSpec, config: Config, settings: Settings) -> Loop:
         parallelize_module(model, mesh, plan)
     elif config.strategy == "pipeline":
         return _pipeline_reference(spec, settings, model, device)
+    elif config.strategy in ("fsdp_tp", "hsdp"):  # a 2-D mesh: tp or replicas of pairs
+        _two_dimensional(config.strategy, model, device)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     scaler = torch.amp.GradScaler(device.type) if config.precision == "fp16" else None
     dtype = _DTYPES.get(config.precision)
@@ -186,6 +183,35 @@ def reference_loop(spec: ModelSpec, config: Config, settings: Settings) -> Loop:
         lambda: None,
         lambda: list(model.parameters()),
     )
+
+
+def _two_dimensional(layout: str, model: nn.Module, device: torch.device) -> None:
+    """``fsdp_tp``: ``parallelize_module`` over tp pairs, ``fully_shard`` over the dp axis;
+    ``hsdp``: ``fully_shard`` over a (replicate, shard) mesh of pairs. torch's API by hand."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    world = dist.get_world_size()
+    names = ("dp", "tp") if layout == "fsdp_tp" else ("dp_replicate", "dp")
+    mesh = init_device_mesh(device.type, (world // 2, 2), mesh_dim_names=names)
+    for tensor in [*model.parameters(), *model.buffers()]:
+        dist.broadcast(tensor.data, src=0)
+    if layout == "hsdp":
+        fully_shard(model, mesh=mesh)
+        return
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    from paratrain.tp import auto_plan
+
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    plan = {name: styles[style]() for name, style in auto_plan(model).styles.items()}
+    parallelize_module(model, mesh["tp"], plan)
+    if world > 2:
+        fully_shard(model, mesh=mesh["dp"])
 
 
 def _pipeline_reference(
@@ -301,7 +327,8 @@ def measure_config(spec: ModelSpec, config: Config, settings: Settings) -> dict[
             peers, skipped = start_peers(settings.compare, spec, config, settings, stack)
         rounds, step_times, noisy = _rounds([ours, ref, *peers.values()], settings)
     world = dist.get_world_size() if dist.is_initialized() else 1
-    data_ranks = 1 if config.strategy in ("tp", "pipeline") else world  # one batch per group
+    shared = {"tp": world, "pipeline": world, "fsdp_tp": 2}.get(config.strategy, 1)
+    data_ranks = world // shared  # a tp group or a pipeline shares one batch
     per_step = settings.batch_size * data_ranks * settings.steps
     low, high = median_interval([t[1] / t[0] for t in rounds])
     step_times.sort()

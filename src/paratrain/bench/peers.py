@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
 
-from paratrain.bench.loops import Config, Loop, Settings, bench_dataset, bench_device
+from paratrain.bench.loops import LAYOUTS, Config, Loop, Settings, bench_dataset, bench_device
 from paratrain.bench.models import ModelSpec
 from paratrain.collectives import reduce
 from paratrain.errors import ConfigError
@@ -234,6 +234,8 @@ def accelerate_loop(spec: ModelSpec, config: Config, settings: Settings) -> Loop
         raise PeerSkipped("not compared: Accelerate's tensor parallelism needs its own model plan")
     if config.strategy == "pipeline":
         raise PeerSkipped("not compared: Accelerate pipelines inference only")
+    if config.strategy in LAYOUTS:
+        raise PeerSkipped("not compared: 2-D meshes take each peer's own parallelism config")
     from accelerate import Accelerator
 
     _reset_accelerate()
@@ -307,6 +309,8 @@ def fabric_loop(spec: ModelSpec, config: Config, settings: Settings) -> Loop:
         raise PeerSkipped("not compared: Fabric's ModelParallelStrategy takes its own function")
     if config.strategy == "pipeline":
         raise PeerSkipped("not compared: Lightning Fabric has no pipeline parallelism")
+    if config.strategy in LAYOUTS:
+        raise PeerSkipped("not compared: 2-D meshes take each peer's own parallelism config")
     if config.strategy == "fsdp" and device.type != "cuda":
         raise PeerSkipped(f"Lightning Fabric runs FSDP only on GPUs, not on {device.type}")
     if config.precision == "fp16" and device.type == "cpu":

@@ -49,7 +49,7 @@ def make_plan(
 
 
 def _why_not(config: Config, gpus: int, model: nn.Module | None) -> str | None:
-    if config.strategy == "tp" and model is not None and not auto_plan(model).styles:
+    if config.strategy in ("tp", "fsdp_tp") and model is not None and not auto_plan(model).styles:
         return "tp_plan='auto' finds no Linear pair it can split in this model."
     if config.strategy == "pipeline" and model is not None:
         try:
@@ -58,11 +58,7 @@ def _why_not(config: Config, gpus: int, model: nn.Module | None) -> str | None:
             return str(err).split(". ")[0] + "."
     try:
         preflight(
-            RunConfig(
-                strategy=config.strategy,
-                precision=config.precision,
-                tp_plan="auto" if config.strategy == "tp" else None,
-            ),
+            RunConfig(**config.run_settings()),
             nproc=config.nproc,
             gpus=gpus,
         )
