@@ -65,7 +65,8 @@ def resolve_accelerator(config: RunConfig, gpus: int) -> str:
 def _auto(config: RunConfig, topology: Topology, accelerator: str, gpus: int) -> tuple[str, str]:
     pipelined = {o for o, unused in _OPTIONS_OF["pipeline"].items() if getattr(config, o) != unused}
     if (config.mesh or {}).get("pp", 1) != 1 or pipelined:
-        return "pipeline", f"{', '.join(sorted(pipelined)) or 'a pp axis in mesh'} was given"
+        given = f"pipeline settings ({', '.join(sorted(pipelined))})" if pipelined else "a pp axis"
+        return "pipeline", f"{given} given"
     if config.tp_plan is not None or (config.mesh or {}).get("tp", 1) != 1:
         return "tp", "tp_plan or a tp axis in mesh was given"
     if config.mesh is not None:
@@ -156,8 +157,9 @@ def _foreign_options(config: RunConfig, chosen: str) -> list[str]:
         for option, unused in options.items():
             readers = (owner, *(s for s, also in _ALSO_READS.items() if owner in also))
             if chosen not in readers and getattr(config, option) != unused:
-                names = ", ".join(repr(r) for r in readers[:-1]) + f" or {readers[-1]!r}"
-                names = names.removeprefix(" or ")
+                names = repr(readers[-1])
+                if len(readers) > 1:
+                    names = ", ".join(repr(r) for r in readers[:-1]) + f" or {names}"
                 message = (
                     f"{option} is a {names} option, but the strategy is {chosen!r}, which "
                     f"ignores it. Drop {option}, or use strategy={readers[0]!r}."
