@@ -119,6 +119,7 @@ def train(
             batches = list(run.eval_loader(data(), 16))
             correct = sum(int((model(x).argmax(1) == y).sum()) for x, y in batches)
             eval_loss = sum(float(model(x, target=y)) for x, y in batches)
+            odd = tuple(model(batches[0][0][:3]).shape)  # a batch no schedule divides
         return {
             "weights": run.strategy.full_state_dict(model),
             "losses": losses,
@@ -128,6 +129,7 @@ def train(
             "data": (run.data_rank, run.data_size),
             "strategy": run.strategy.name,
             "split": any(isinstance(p, DTensor) for p in model.parameters()),
+            "odd": odd,
         }
 
 
@@ -139,6 +141,7 @@ SCENARIOS: dict[int, dict[str, dict[str, Any]]] = {
         "accum": dict(strategy="pipeline", grad_accum=2),
         "bf16": dict(strategy="pipeline", precision="bf16"),
         "norm": dict(strategy="pipeline", pipeline_schedule="gpipe", norm=True),
+        "norm_late": dict(pipeline_schedule="gpipe", pipeline_split=("1",), norm=True),
         "builder": dict(strategy="pipeline", pipeline_split=tower_stage, tower=True),
         "ddp": dict(strategy="ddp"),  # the same loop: loss_fn= under DDP
     },
@@ -177,15 +180,17 @@ def test_pipeline_matches_one_process(world2: list[dict[str, Any]], name: str) -
     assert got["steps"] == STEPS
     assert_same_training(got, reference, losses=name != "accum")  # a pipeline counted once
     assert world2[1][name]["losses"] == got["losses"]  # every stage reports the loss
+    assert got["odd"] == world2[1][name]["odd"] == (3, 3)  # evaluation takes any batch
     assert abs(got["eval_loss"] - reference["eval_loss"]) <= 1e-4
 
 
 def test_batchnorm_statistics_follow_the_micro_batches(world2: list[dict[str, Any]]) -> None:
     """BatchNorm sees micro-batches, as with grad_accum in one process; the shape-finding pass
     on each stage's first step leaves its running statistics alone."""
-    got = world2[0]["norm"]
     ref = train(strategy="cpu", norm=True, grad_accum=2)
-    assert max_abs_diff(got["weights"], ref["weights"]) <= 1e-5  # running_mean/var included
+    for name in ("norm", "norm_late"):  # BatchNorm in the first stage, then in the last
+        got = world2[0][name]
+        assert max_abs_diff(got["weights"], ref["weights"]) <= 1e-5  # running stats included
 
 
 def test_bf16_pipeline_trains_close_to_fp32(

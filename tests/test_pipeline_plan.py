@@ -202,6 +202,8 @@ def test_pipeline_in_one_process_refuses_what_it_cannot_run(tmp_path: Any) -> No
         with pytest.raises(ConfigError, match=r"last batch of 2 samples.*drop_last=True"):
             run.loader(_digits(), batch_size=4)  # 30 = 7 x 4 + 2
         run.loader(_digits(), batch_size=4, drop_last=True)
+        with pytest.raises(ConfigError, match="put the weighting or the extra term into loss_fn"):
+            run.backward(model(x, target=y) * 2)  # the schedule has back-propagated already
         model.eval()
         with torch.no_grad():
             assert model(x[:3]).shape == (3, 3)  # evaluation takes any batch

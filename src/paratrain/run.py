@@ -317,6 +317,14 @@ class Run(Job):
         self._hooks.loop_action()
         if getattr(loss, "_paratrain_pipeline", False):
             return  # the pipeline's schedule ran this backward already, micro-batch by micro-batch
+        if self.strategy.partial_model:
+            raise ConfigError(
+                "run.backward got a tensor that is not the loss the pipeline returned (a loss "
+                "scaled, summed with another term, or computed outside model(x, target=y)). The "
+                "schedule back-propagates each micro-batch's loss_fn inside the pipeline, so "
+                "nothing else can be added afterwards: put the weighting or the extra term into "
+                "loss_fn, and pass run.backward the loss model(x, target=y) returned."
+            )
         if self.loop.grad_accum > 1:
             loss = loss / self.loop.grad_accum
         with self.strategy.loss_context():  # loss parallel: its backward is a DTensor op too

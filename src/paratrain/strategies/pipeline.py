@@ -39,6 +39,7 @@ from torch.distributed.pipelining import (
     Schedule1F1B,
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
+    ScheduleLoopedBFS,
 )
 
 from paratrain import pipeline, tp
@@ -298,20 +299,27 @@ def _span(names: list[str]) -> str:
 
 
 class _Stage(PipelineStage):
-    """A ``PipelineStage`` whose shape-finding forward leaves buffers as they were.
+    """A ``PipelineStage`` whose shape-finding pass leaves buffers as they were.
 
     On its first step a stage runs each layer once on stand-in tensors (uninitialised memory on
     every stage but the first) to learn the shapes it sends; BatchNorm would fold those into its
-    running statistics."""
+    running statistics. They are saved before that pass and put back after it (not in between:
+    the pass's backward still holds them)."""
+
+    _saved_buffers: list[torch.Tensor] | None = None
 
     def _compute_outputs(self, *args: Any, module: nn.Module, **kwargs: Any) -> Any:
-        saved = [buffer.detach().clone() for buffer in module.buffers()]
-        try:
-            return super()._compute_outputs(*args, module=module, **kwargs)
-        finally:
+        if self._saved_buffers is None:
+            self._saved_buffers = [buffer.detach().clone() for buffer in module.buffers()]
+        return super()._compute_outputs(*args, module=module, **kwargs)
+
+    def _post_metadata_inference_cleanup(self) -> None:
+        super()._post_metadata_inference_cleanup()
+        if self._saved_buffers is not None:
             with torch.no_grad():
-                for buffer, value in zip(module.buffers(), saved, strict=True):
+                for buffer, value in zip(self.submod.buffers(), self._saved_buffers, strict=True):
                     buffer.copy_(value)
+            self._saved_buffers = None
 
 
 class PipelineModel(nn.Module):
@@ -400,7 +408,9 @@ class PipelineModel(nn.Module):
         key = (training, micro, _shapes(args), _shapes(kwargs), _shapes(target))
         schedule = self._schedules.get(key)
         if schedule is None:
-            schedule = self._schedules[key] = self._build(micro, loss=target is not None)
+            schedule = self._schedules[key] = self._build(
+                micro, loss=target is not None, training=training
+            )
         inputs = args if self.has_first else ()
         extra = kwargs if self.has_first else {}
         goal = target if self.has_last else None
@@ -424,7 +434,7 @@ class PipelineModel(nn.Module):
             return loss
         return self._from_last(output)
 
-    def _build(self, micro: int, *, loss: bool) -> Any:
+    def _build(self, micro: int, *, loss: bool, training: bool) -> Any:
         stages: list[Any] = [
             _Stage(module, index, self.stages, self._device, group=self._group)
             for module, index in zip(self._stage_modules, self.stage_indices, strict=True)
@@ -433,6 +443,10 @@ class PipelineModel(nn.Module):
             "loss_fn": self._micro_loss if loss else None,
             "scale_grads": False,
         }
+        if not training:  # forward only: any number of micro-batches, whatever the schedule
+            if len(stages) > 1:
+                return ScheduleLoopedBFS(stages, n_microbatches=micro, **options)
+            return ScheduleGPipe(stages[0], n_microbatches=micro, **options)
         if self.schedule == "interleaved_1f1b":
             return ScheduleInterleaved1F1B(stages, n_microbatches=micro, **options)
         single = ScheduleGPipe if self.schedule == "gpipe" else Schedule1F1B
