@@ -160,7 +160,7 @@ def test_a_manifest_with_malformed_block_checksums_is_refused(
 
     folder = saved_once(tmp_path)
     raw = json.loads((folder / "manifest.json").read_text())
-    assert raw["format_version"] == 3  # no block checksums: older readers still read it
+    assert raw["format_version"] == 4  # files checked per block, as readers of format 4 know
     raw["files"]["dcp/__0_0.distcp"] = record
     (folder / "manifest.json").write_text(json.dumps(raw))
     (folder / "manifest.xxh3").unlink()  # as a save from before manifests had a checksum

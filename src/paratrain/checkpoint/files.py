@@ -25,15 +25,17 @@ import sys
 import tempfile
 import threading
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import torch
 import xxhash
 
 from paratrain.errors import CheckpointDamagedError, CheckpointError
 
+_Sum = TypeVar("_Sum")
 _CHUNK = 64 * 2**20
 _READ_BLOCK = 8 * 2**20  # small enough to stay in cache between reading and hashing
 READ_THREADS = 4
@@ -285,20 +287,15 @@ def read_blocks_verified(
     Every block read is checked against its checksum before the tensor is returned: a damaged
     block raises :class:`CheckpointDamagedError` naming the file and the bytes.
     """
-    _size_checked(path, size)
-    count = -(-size // block_bytes)
-    if len(digests) != count:
-        raise CheckpointDamagedError(
-            f"{path.name} lists {len(digests)} block checksums for {count} blocks"
-        )
+    count = _checked_blocks(path, size, block_bytes, digests)
     if wanted is None:
         needed = list(range(count))
     else:
         chosen: set[int] = set()
         for start, length in wanted:
-            first, end = max(0, start), min(size, start + length)  # only bytes of the file
-            if end > first:
-                chosen.update(range(first // block_bytes, (end - 1) // block_bytes + 1))
+            span = _block_span(start, length, size, block_bytes)
+            if span is not None:
+                chosen.update(range(*span))
         needed = sorted(chosen)
     buffer = torch.empty(size, dtype=torch.uint8)
     view = buffer.numpy().data if size else memoryview(b"")
@@ -313,6 +310,118 @@ def read_blocks_verified(
 
     _read_ranges(path, view, ranges, check)
     return buffer
+
+
+def _checked_blocks(path: Path, size: int, block_bytes: int, digests: list[int]) -> int:
+    """The number of blocks of ``path``, after checking its size and its count of checksums."""
+    _size_checked(path, size)
+    count = -(-size // block_bytes)
+    if len(digests) != count:
+        raise CheckpointDamagedError(
+            f"{path.name} lists {len(digests)} block checksums for {count} blocks"
+        )
+    return count
+
+
+def _block_span(start: int, length: int, size: int, block_bytes: int) -> tuple[int, int] | None:
+    """(first block, end block) covering the bytes of ``start..start+length`` inside the file."""
+    first, end = max(0, start), min(size, start + length)
+    if end <= first:
+        return None
+    return first // block_bytes, (end - 1) // block_bytes + 1
+
+
+WINDOW_BYTES = 16 * 2**20
+"""Bytes read, verified and handed over at a time by :func:`read_windows_verified`: the buffer
+is reused, so its pages are touched once per load, not once per byte of the file."""
+
+
+def read_windows_verified(
+    path: Path,
+    size: int,
+    block_bytes: int,
+    digests: list[int],
+    wanted: list[tuple[int, int]],
+    *,
+    window_bytes: int = WINDOW_BYTES,
+    verify_first: bool = False,
+) -> Iterator[tuple[torch.Tensor, int, list[int]]]:
+    """For the byte ranges ``wanted`` of ``path``: ``(buffer, base, indices)``, window by window.
+
+    ``buffer`` holds the file's bytes ``base..base+len(buffer)``, every block of them checked
+    against its checksum; ``indices`` are the ranges (positions in ``wanted``) that lie wholly
+    inside it. The buffer is reused for the next window: copy what you need before asking for
+    it. Ranges are grouped in file order into windows of about ``window_bytes`` (a larger range
+    gets a window of its own), so loading into existing tensors (model weights, FSDP shards)
+    touches one small buffer instead of a fresh copy of the file, whose page faults cost more
+    than the read itself. A damaged or unreadable block raises CheckpointDamagedError before
+    any byte of its window is handed over.
+
+        for buffer, base, indices in read_windows_verified(path, size, 4 << 20, digests, ranges):
+            for i in indices:
+                start, length = ranges[i]
+                target[i].copy_(buffer[start - base : start - base + length])
+    """
+    _checked_blocks(path, size, block_bytes, digests)
+    spans = [_block_span(start, length, size, block_bytes) for start, length in wanted]
+    order = sorted((span[0], span[1], i) for i, span in enumerate(spans) if span is not None)
+    if len(order) != len(wanted):  # empty or outside the file: nothing to read for them
+        empty = [i for i, span in enumerate(spans) if span is None]
+        yield torch.empty(0, dtype=torch.uint8), 0, empty
+    groups: list[tuple[int, int, list[int]]] = []
+    for first, end, i in order:
+        if groups:
+            g_first, g_end, members = groups[-1]
+            if (max(g_end, end) - g_first) * block_bytes <= window_bytes:
+                groups[-1] = (g_first, max(g_end, end), [*members, i])
+                continue
+        groups.append((first, end, [i]))
+    if not groups:
+        return
+    largest = max((end - first) * block_bytes for first, end, _ in groups)
+    buffer = torch.empty(min(largest, size), dtype=torch.uint8)
+    view = buffer.numpy().data
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as err:
+        raise CheckpointDamagedError(
+            f"{path.name} cannot be read ({err.strerror or err})"
+        ) from None
+    try:
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        passes = (False, True) if verify_first else (True,)
+        for hand_over in passes:
+            for first, end, members in groups:
+                base = first * block_bytes
+                length = min(size, end * block_bytes) - base
+                _read_exactly(fd, path, view[:length], base)
+                for b in range(first, end):
+                    start = (b - first) * block_bytes
+                    block = view[start : min(length, start + block_bytes)]
+                    if xxhash.xxh3_64_intdigest(block) != digests[b]:
+                        raise CheckpointDamagedError(
+                            f"{path.name} fails its checksum in bytes {base + start}.."
+                            f"{base + start + block.nbytes} (corrupted)"
+                        )
+                if hand_over:
+                    yield buffer[:length], base, members
+    finally:
+        os.close(fd)
+
+
+def _read_exactly(fd: int, path: Path, view: memoryview, offset: int) -> None:
+    got = 0
+    try:
+        while got < view.nbytes:
+            n = os.preadv(fd, [view[got:]], offset + got)
+            if n <= 0:
+                raise OSError(f"it ended after {offset + got} bytes")
+            got += n
+    except OSError as err:
+        raise CheckpointDamagedError(
+            f"{path.name} cannot be read ({err.strerror or err})"
+        ) from None
 
 
 def blocks_problem(path: Path, size: int, block_bytes: int, digests: list[int]) -> str | None:
@@ -380,6 +489,29 @@ def write_files_durable(
     neither waits for the other. Each block's write-back starts at once (Linux), and the
     closing fsyncs run in parallel. A file that already exists is an error (``FileExistsError``).
     """
+    return _write_files(files, threads, checksum_chunks)
+
+
+def write_files_blocked(
+    files: Mapping[Path, list[memoryview]], *, threads: int = WRITE_THREADS
+) -> dict[Path, tuple[list[int], int]]:
+    """:func:`write_files_durable` with one XXH3-64 per :data:`BLOCK_BYTES` of each file
+    (read back with :func:`read_windows_verified` or :func:`read_blocks_verified`)."""
+
+    def blocks(chunks: list[memoryview]) -> list[int]:
+        digests = BlockDigests()
+        for chunk in chunks:
+            digests.update(chunk.cast("B") if chunk.ndim != 1 or chunk.format != "B" else chunk)
+        return digests.digests()
+
+    return _write_files(files, threads, blocks)
+
+
+def _write_files(
+    files: Mapping[Path, list[memoryview]],
+    threads: int,
+    checksum: Callable[[list[memoryview]], _Sum],
+) -> dict[Path, tuple[_Sum, int]]:
     fds: dict[Path, int] = {}
     try:
         for path in files:
@@ -413,9 +545,7 @@ def write_files_durable(
         for worker in workers:
             blocks.put(None)
             worker.start()
-        digests = {
-            path: (checksum_chunks(chunks), _nbytes(chunks)) for path, chunks in files.items()
-        }
+        digests = {path: (checksum(chunks), _nbytes(chunks)) for path, chunks in files.items()}
         for worker in workers:
             worker.join()
         if failures:
@@ -505,18 +635,56 @@ def tensors_from_safetensors(buffer: torch.Tensor, name: str) -> dict[str, torch
     Every entry is checked against the buffer's bounds; a bad one raises CheckpointError.
     """
     data = buffer.numpy().data
+    header = data[8 : 8 + safetensors_header_bytes(data[:8], len(data), name)]
+    return {
+        entry.name: entry.view(buffer, 0) for entry in safetensors_entries(header, len(data), name)
+    }
+
+
+@dataclass(frozen=True)
+class StoredTensor:
+    """One tensor of a safetensors file: its bytes are ``start .. start + nbytes`` of the file."""
+
+    name: str
+    dtype: torch.dtype
+    shape: list[int]
+    start: int
+    nbytes: int
+
+    def view(self, buffer: torch.Tensor, base: int) -> torch.Tensor:
+        """The tensor, as a view of ``buffer`` (uint8) holding the file's bytes from ``base``."""
+        if not self.nbytes:
+            return torch.empty(self.shape, dtype=self.dtype)
+        at = self.start - base
+        return buffer[at : at + self.nbytes].view(self.dtype).reshape(self.shape)
+
+
+def safetensors_header_bytes(first: memoryview, size: int, name: str) -> int:
+    """The length of a safetensors header, from the file's first 8 bytes (CheckpointError when
+    it cannot be one)."""
+    if len(first) < 8:
+        raise CheckpointError(
+            f"{name} is not a readable safetensors file (shorter than its 8-byte header length)"
+        )
+    length = int.from_bytes(first[:8], "little")
+    if length > size - 8:
+        raise CheckpointError(
+            f"{name} is not a readable safetensors file (header of {length} bytes in a file of "
+            f"{size})"
+        )
+    return length
+
+
+def safetensors_entries(header: memoryview, size: int, name: str) -> list[StoredTensor]:
+    """The tensors listed by a safetensors ``header`` (the JSON after the length) of a file of
+    ``size`` bytes, in the header's order; every entry checked against the file's bounds."""
+    start = 8 + len(header)
+    out = []
     try:
-        if len(data) < 8:
-            raise ValueError("shorter than its 8-byte header length")
-        length = int.from_bytes(data[:8], "little")
-        if length > len(data) - 8:
-            raise ValueError(f"header of {length} bytes in a file of {len(data)}")
-        header = json.loads(bytes(data[8 : 8 + length]))
-        if not isinstance(header, dict):
+        parsed = json.loads(bytes(header))
+        if not isinstance(parsed, dict):
             raise ValueError("the header is not a JSON object")
-        start = 8 + length
-        out: dict[str, torch.Tensor] = {}
-        for key, entry in header.items():
+        for key, entry in parsed.items():
             if key == "__metadata__":
                 continue
             dtype = _DTYPES_ST[entry["dtype"]]
@@ -525,12 +693,11 @@ def tensors_from_safetensors(buffer: torch.Tensor, name: str) -> dict[str, torch
             count = 1
             for d in shape:
                 count *= d
-            if min(shape, default=0) < 0 or not 0 <= begin <= end <= len(data) - start:
+            if min(shape, default=0) < 0 or not 0 <= begin <= end <= size - start:
                 raise ValueError(f"{key} lies outside the file")
-            if end - begin != count * dtype.itemsize or begin % dtype.itemsize:
+            if end - begin != count * dtype.itemsize or (start + begin) % dtype.itemsize:
                 raise ValueError(f"{key} does not match its shape {shape}")
-            raw = buffer[start + begin : start + end]
-            out[key] = raw.view(dtype).reshape(shape) if count else torch.empty(shape, dtype=dtype)
+            out.append(StoredTensor(key, dtype, shape, start + begin, end - begin))
     except (ValueError, KeyError, TypeError, RuntimeError) as err:
         raise CheckpointError(f"{name} is not a readable safetensors file ({err})") from None
     return out

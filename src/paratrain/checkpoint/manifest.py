@@ -27,7 +27,7 @@ from paratrain.errors import CheckpointError
 
 FORMAT_VERSION = 5
 """1: one model and optimizer; 2: named models, schedulers, objects, loader positions;
-3: XXH3-64 checksums instead of CRC32; 4: DCP shards checked per block (``blocks``)."""
+3: XXH3-64 checksums instead of CRC32; 4: files checked per block (``blocks``); 5: a mesh."""
 MANIFEST = "manifest.json"
 MANIFEST_CHECKSUM = "manifest.xxh3"
 """XXH3-64 of manifest.json's bytes, in hex: a damaged manifest is skipped like a damaged file.
@@ -50,7 +50,7 @@ class FileRecord:
     crc32: int | None = None
     """zlib CRC32 of the file's bytes (formats 1 and 2)."""
     block_bytes: int | None = None
-    """With ``blocks``: bytes per block (format 4, DCP shards)."""
+    """With ``blocks``: bytes per block (format 4)."""
     blocks: list[int] | None = None
     """XXH3-64 of each ``block_bytes`` of the file, the last block possibly short."""
 

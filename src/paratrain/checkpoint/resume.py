@@ -225,13 +225,15 @@ def resume(
     half_loaded: list[Path] = []
     for staged, manifest in _newest_intact(store, warn):
         trainer = staged.trainer()
+        failure: CheckpointDamagedError | None = None
         try:
             _restore_units(pieces, store, staged, manifest, trainer, warn)
         except CheckpointDamagedError as err:  # a DCP shard, verified as it was loaded
-            warn(f"skipping {staged.folder}: {err}")
-            half_loaded.append(staged.folder)  # files that verified were loaded already
-            continue
-        break
+            failure = err
+        if _everywhere(failure is None):
+            break
+        warn(f"skipping {staged.folder}: {failure or 'damaged as loaded by another rank'}")
+        half_loaded.append(staged.folder)  # files that verified were loaded already
     else:
         if half_loaded:
             raise CheckpointError(

@@ -22,6 +22,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 
 from paratrain.errors import CheckpointError
@@ -56,23 +57,23 @@ def collect(
 def apply(
     target: nn.Module,
     optimizers: list[Optimizer],
-    model_sd: dict[str, Any],
+    model_sd: dict[str, Any] | None,
     optim_sd: dict[str, Any],
     *,
     full: bool,
     flat: bool = False,
 ) -> None:
-    """Load states produced by :func:`collect` (at any world size or strategy)."""
+    """Load states produced by :func:`collect` (at any world size or strategy); a model state
+    of None leaves the model as it is (loaded already, see :func:`apply_part`)."""
     # Full optimizer states are distributed to the ranks' devices tensor by tensor; torch cannot
     # tell the device of a state without tensors (plain SGD). Such a state is the same on every
     # rank, so it loads as it is.
     full_optim = full and _has_tensors(optim_sd.get("state", {}))
     options = StateDictOptions(full_state_dict=full, strict=True)
     try:
-        if not optimizers or not optim_sd:
+        if model_sd is not None:
             set_model_state_dict(target, model_sd, options=options)
-        else:
-            set_model_state_dict(target, model_sd, options=options)
+        if optimizers and optim_sd:
             if full and _load_optimizers_by_name(target, optimizers, optim_sd):
                 return
             set_optimizer_state_dict(
@@ -90,6 +91,79 @@ def apply(
             "and optimizer that wrote it, or load the weights alone with paratrain.load_weights "
             "to see a report of missing, unexpected and mismatched keys."
         ) from None
+
+
+class ModuleLoader:
+    """Loads a model's tensors a few modules at a time, straight into the model: each module
+    through its own ``_load_from_state_dict`` (its pre-hooks and extra state included).
+
+        loader = ModuleLoader.of(model)    # None: DTensors, wrapper prefixes or post-hooks
+        loader.check({"0.weight": [4, 4], ...})              # names and shapes, nothing loaded
+        loader.load({"0.weight": tensor, "0.bias": tensor})  # complete modules at a time
+    """
+
+    def __init__(self, target: nn.Module, own: dict[str, Any]) -> None:
+        self._own = own
+        self._modules = dict(target.named_modules(remove_duplicate=False))
+
+    @staticmethod
+    def of(target: nn.Module) -> ModuleLoader | None:
+        """A loader for ``target``, or None when it must be loaded whole by torch (sharded or
+        split tensors, keys that differ from the portable names, load post-hooks)."""
+        tensors = (*target.parameters(), *target.buffers())
+        if any(isinstance(t, DTensor) for t in tensors):
+            return None
+        if any(m._load_state_dict_post_hooks for m in target.modules()):
+            return None
+        own = get_model_state_dict(target)
+        if list(own) != list(target.state_dict(keep_vars=True)):
+            return None  # wrapper prefixes (a compiled module): torch maps the names
+        return ModuleLoader(target, own)
+
+    def check(self, shapes: dict[str, list[int]]) -> None:
+        """Refuse a model state (name -> shape) whose names or shapes differ from the model's,
+        before anything is loaded."""
+        own = self._own
+        missing = [k for k in own if k not in shapes]
+        unexpected = [k for k in shapes if k not in own]
+        wrong = [
+            f"{k} is {tuple(shapes[k])} in the checkpoint, {tuple(t.shape)} in the model"
+            for k, t in own.items()
+            if k in shapes and isinstance(t, torch.Tensor) and list(t.shape) != list(shapes[k])
+        ]
+        problems = [
+            *([f"missing keys {_some(missing)}"] if missing else []),
+            *([f"unexpected keys {_some(unexpected)}"] if unexpected else []),
+            *wrong[:5],
+        ]
+        if problems:
+            raise CheckpointError(
+                f"The checkpoint does not fit this model: {'; '.join(problems)}. Resume with "
+                "the model that wrote it, or load the weights alone with paratrain.load_weights "
+                "to see a report of missing, unexpected and mismatched keys."
+            )
+
+    def load(self, part: dict[str, torch.Tensor]) -> None:
+        """Copy ``part`` (every tensor of each module it touches, names checked) into the model."""
+        by_module: dict[str, dict[str, torch.Tensor]] = {}
+        for name, tensor in part.items():
+            by_module.setdefault(name.rpartition(".")[0], {})[name] = tensor
+        errors: list[str] = []
+        for path, tensors in by_module.items():
+            module = self._modules[path]
+            prefix = f"{path}." if path else ""
+            version = getattr(module, "_version", None)
+            meta = {} if version is None else {"version": version}
+            module._load_from_state_dict(tensors, prefix, meta, False, [], [], errors)
+        if errors:
+            raise CheckpointError(
+                f"The checkpoint does not fit this model: {'; '.join(errors)}. Resume with the "
+                "model that wrote it."
+            )
+
+
+def _some(names: list[str]) -> str:
+    return f"{names[:5]}{' ...' if len(names) > 5 else ''}"
 
 
 def _load_optimizers_by_name(

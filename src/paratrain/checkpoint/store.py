@@ -28,7 +28,7 @@ import shutil
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,12 +46,18 @@ from torch.optim import Optimizer
 from paratrain.checkpoint import state as st
 from paratrain.checkpoint.dcp_io import RecordingWriter, SafePlanner, SafeReader, read_metadata
 from paratrain.checkpoint.files import (
+    BLOCK_BYTES,
+    WINDOW_BYTES,
+    StoredTensor,
     checksum_file,
     fsync_dir,
+    read_windows_verified,
     safetensors_chunks,
+    safetensors_entries,
+    safetensors_header_bytes,
     tensors_from_safetensors,
     write_bytes_durable,
-    write_files_durable,
+    write_files_blocked,
 )
 from paratrain.checkpoint.formats import describe
 from paratrain.checkpoint.manifest import (
@@ -320,11 +326,15 @@ class CheckpointStore:
         buffer = io.BytesIO()
         torch.save(trainer, buffer)
         files = {**(files or {}), "trainer.pt": [buffer.getbuffer()]}
-        written = write_files_durable({tmp / name: chunks for name, chunks in files.items()})
+        written = write_files_blocked({tmp / name: chunks for name, chunks in files.items()})
         records = {
             **(records or {}),
             **{
-                name: FileRecord(xxh3_64=written[tmp / name][0], bytes=written[tmp / name][1])
+                name: FileRecord(
+                    bytes=written[tmp / name][1],
+                    block_bytes=BLOCK_BYTES,
+                    blocks=written[tmp / name][0],
+                )
                 for name in files
             },
         }
@@ -416,22 +426,33 @@ class CheckpointStore:
     def read(folder: Path, manifest: Manifest) -> Staged:
         """Every file of a checkpoint read once and checked against the manifest.
 
-        Replicated files come back as buffers to load from. The shards of a DCP folder are only
-        checked for presence and size here: :meth:`load_unit` verifies each as DCP reads it,
-        before any of its bytes are used. Raises CheckpointDamagedError for a damaged file.
+        Optimizer and trainer files come back as buffers to load from (the optimizer keeps views
+        of them). A model's safetensors file checked per block is read and verified through a
+        small reused buffer here, and copied into the model by :meth:`load_unit` in a second
+        pass over the page cache: no fresh copy of the weights, and a damaged file is found
+        before any of its bytes reach the model. A DCP folder's shards are only checked for
+        presence and size here: each rank reads only its part of them, verified as DCP loads
+        it (see SafeReader). Raises CheckpointDamagedError for a damaged file.
         """
-        whole = []
+        whole, checked = [], []
         for name, record in manifest.files.items():
-            if name.startswith("dcp/") and name != "dcp/.metadata":  # see SafeReader
+            if name.startswith("dcp/") and name != "dcp/.metadata":
                 problem = _size_problem(folder / name, record.bytes)
                 if problem:
                     raise CheckpointDamagedError(problem)
+            elif _model_in_windows(name, record):
+                checked.append(name)
             else:
                 whole.append(name)
         # All files at once: on a cold cache the disk then has several files' reads queued.
-        with ThreadPoolExecutor(max(1, min(4, len(whole)))) as pool:
+        with ThreadPoolExecutor(max(1, min(4, len(whole) + len(checked)))) as pool:
+            verified = [
+                pool.submit(_verify, folder / name, manifest.files[name]) for name in checked
+            ]
             read = pool.map(lambda name: manifest.files[name].read(folder / name), whole)
             buffers = dict(zip(whole, read, strict=True))
+            for future in verified:
+                future.result()
         return Staged(folder, manifest, buffers)
 
     def load_unit(
@@ -467,11 +488,19 @@ class CheckpointStore:
             optim_state = state.get(optim_stem, {})
             st.apply(target, optimizers, state[model_stem], optim_state, full=False, flat=flat)
             return
-        model_sd = staged.tensors(f"{model_stem}.safetensors")
+        model_file = f"{model_stem}.safetensors"
+        record = staged.manifest.files.get(model_file)
+        loader = None
+        if record is not None and _model_in_windows(model_file, record):
+            loader = st.ModuleLoader.of(target)  # None: torch distributes a whole state
+        whole_model = staged.tensors(model_file) if loader is None else None
         metas = trainer["optimizer_meta"]
         meta = metas if "param_groups" in metas else metas[name]  # format 1: one optimizer
         optim_sd = st.unflatten_optimizer(staged.tensors(f"{optim_stem}.safetensors"), meta)
-        st.apply(target, optimizers, model_sd, optim_sd, full=True)
+        if loader is not None:
+            assert record is not None
+            _load_model_in_windows(folder / model_file, record, loader)
+        st.apply(target, optimizers, whole_model, optim_sd, full=True)
 
 
 @dataclass
@@ -489,9 +518,13 @@ class Staged:
     """Replicated files' bytes; a DCP folder's shards are verified as DCP reads them."""
 
     def tensors(self, name: str) -> dict[str, torch.Tensor]:
-        """The tensors of the safetensors file ``name``."""
+        """The tensors of the safetensors file ``name`` (read whole and verified now if it was
+        only checked, to be copied into the model in windows)."""
         if name not in self.buffers:
-            raise CheckpointError(f"{self.folder} has no {name}: the checkpoint is incomplete.")
+            record = self.manifest.files.get(name)
+            if record is None:
+                raise CheckpointError(f"{self.folder} has no {name}: the checkpoint is incomplete.")
+            self.buffers[name] = record.read(self.folder / name)
         return tensors_from_safetensors(self.buffers[name], name)
 
     def trainer(self) -> dict[str, Any]:
@@ -524,6 +557,61 @@ def _records_of(folder: Path, known: dict[str, FileRecord]) -> dict[str, FileRec
         name: known.get(name) or FileRecord(xxh3_64=checksum_file(path), bytes=path.stat().st_size)
         for name, path in sorted(found.items())
     }
+
+
+def _model_in_windows(name: str, record: FileRecord) -> bool:
+    """Whether a checkpoint file is a model's weights checked per block (copied into the model
+    window by window by :func:`_load_model_in_windows`)."""
+    return record.blocks is not None and name.startswith("model") and name.endswith(".safetensors")
+
+
+def _verify(path: Path, record: FileRecord) -> None:
+    """Read ``path`` once through a small buffer and check every block (CheckpointDamagedError)."""
+    assert record.blocks is not None and record.block_bytes is not None
+    size, window = record.bytes, WINDOW_BYTES
+    pieces = [(start, min(window, size - start)) for start in range(0, size, window)]
+    for _ in read_windows_verified(
+        path, size, record.block_bytes, record.blocks, pieces, window_bytes=window
+    ):
+        pass
+
+
+def _load_model_in_windows(path: Path, record: FileRecord, loader: st.ModuleLoader) -> None:
+    """Copy a model's safetensors file (verified by :meth:`CheckpointStore.read`) into the
+    model window by window: each window of the file is read into one reused buffer, its blocks
+    checked again, and copied into the model's tensors, so no second copy of the weights is
+    made in fresh memory. Names and shapes are checked before the first byte is loaded."""
+    assert record.blocks is not None and record.block_bytes is not None
+
+    def windows(
+        ranges: list[tuple[int, int]], window: int = WINDOW_BYTES
+    ) -> Iterator[tuple[torch.Tensor, int, list[int]]]:
+        assert record.blocks is not None and record.block_bytes is not None
+        return read_windows_verified(
+            path,
+            record.bytes,
+            record.block_bytes,
+            record.blocks,
+            ranges,
+            window_bytes=window,
+        )
+
+    first, _, _ = next(iter(windows([(0, 8)])))
+    length = safetensors_header_bytes(first.numpy().data, record.bytes, path.name)
+    header = first if 8 + length <= first.numel() else next(iter(windows([(0, 8 + length)])))[0]
+    entries = safetensors_entries(header.numpy().data[8 : 8 + length], record.bytes, path.name)
+    loader.check({e.name: e.shape for e in entries})
+    modules: dict[str, list[StoredTensor]] = {}  # a module's tensors load together (its hooks)
+    for entry in entries:
+        modules.setdefault(entry.name.rpartition(".")[0], []).append(entry)
+    groups = list(modules.values())
+    spans = [
+        (min(e.start for e in g), max(e.start + e.nbytes for e in g) - min(e.start for e in g))
+        for g in groups
+    ]
+    window = max(WINDOW_BYTES, record.bytes // 64)  # a few dozen loads for a large model
+    for buffer, base, members in windows(spans, window):
+        loader.load({e.name: e.view(buffer, base) for i in members for e in groups[i]})
 
 
 def _size_problem(path: Path, size: int) -> str | None:
