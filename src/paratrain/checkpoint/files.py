@@ -493,13 +493,16 @@ def write_files_durable(
 
 
 def write_files_blocked(
-    files: Mapping[Path, list[memoryview]], *, threads: int = WRITE_THREADS
+    files: Mapping[Path, list[memoryview]],
+    *,
+    block_bytes: int = BLOCK_BYTES,
+    threads: int = WRITE_THREADS,
 ) -> dict[Path, tuple[list[int], int]]:
-    """:func:`write_files_durable` with one XXH3-64 per :data:`BLOCK_BYTES` of each file
-    (read back with :func:`read_windows_verified` or :func:`read_blocks_verified`)."""
+    """:func:`write_files_durable` with one XXH3-64 per ``block_bytes`` of each file (read
+    back with :func:`read_windows_verified` or :func:`read_blocks_verified`)."""
 
     def blocks(chunks: list[memoryview]) -> list[int]:
-        digests = BlockDigests()
+        digests = BlockDigests(block_bytes)
         for chunk in chunks:
             digests.update(chunk.cast("B") if chunk.ndim != 1 or chunk.format != "B" else chunk)
         return digests.digests()

@@ -21,6 +21,7 @@ lineage.
 from __future__ import annotations
 
 import datetime
+import functools
 import io
 import os
 import re
@@ -56,7 +57,6 @@ from paratrain.checkpoint.files import (
     safetensors_entries,
     safetensors_header_bytes,
     tensors_from_safetensors,
-    write_bytes_durable,
     write_files_blocked,
 )
 from paratrain.checkpoint.formats import describe
@@ -126,6 +126,7 @@ class CheckpointStore:
         self.check_timeout_s = check_timeout_s
         self.warn = warn
         self._pending = _Pending()
+        self._deleting: threading.Thread | None = None
         self._async_group: Any = None
         self._staging: dict[str, torch.Tensor] = {}
         self._copy_stream: Any = None
@@ -326,7 +327,8 @@ class CheckpointStore:
         buffer = io.BytesIO()
         torch.save(trainer, buffer)
         files = {**(files or {}), "trainer.pt": [buffer.getbuffer()]}
-        written = write_files_blocked({tmp / name: chunks for name, chunks in files.items()})
+        blocked = {tmp / name: chunks for name, chunks in files.items()}
+        written = write_files_blocked(blocked, block_bytes=BLOCK_BYTES)
         records = {
             **(records or {}),
             **{
@@ -340,26 +342,48 @@ class CheckpointStore:
         }
         manifest.files = records
         # The lowest format that holds what this save uses, so older paratrain reads the rest:
-        # 5 records a mesh (tp, HSDP), 4 per-block checksums of DCP shards.
+        # 5 records a mesh (tp, HSDP), 4 per-block checksums.
         blocks = any(r.blocks is not None for r in records.values())
         manifest.format_version = 5 if manifest.mesh else 4 if blocks else 3
         manifest.created = time.time()
         text = manifest.to_json().encode()
-        write_bytes_durable(tmp / MANIFEST, text)
-        write_bytes_durable(tmp / MANIFEST_CHECKSUM, manifest_checksum(text))
-        for folder in {tmp, *((tmp / name).parent for name in records)}:
-            fsync_dir(folder)
+        # The manifest and its checksum are synced together; the folders after them, at once.
+        write_files_blocked(
+            {
+                tmp / MANIFEST: [memoryview(text)],
+                tmp / MANIFEST_CHECKSUM: [memoryview(manifest_checksum(text))],
+            }
+        )
+        folders = {tmp, *((tmp / name).parent for name in records)}
+        in_parallel([functools.partial(fsync_dir, folder) for folder in folders])
         os.rename(tmp, final)  # the commit point
         fsync_dir(self.directory)
         self._rotate(manifest.lineage, keep=final)
 
     def _rotate(self, lineage: str, *, keep: Path) -> None:
+        """Delete this lineage's checkpoints beyond ``keep_last``, in a thread of its own
+        (freeing large files takes the file system a while; training need not wait). Each is
+        renamed out of sight first, so no reader sees it half deleted."""
         if self.keep_last is None:
             return
         own = [p for p, m in self._listed() if m is not None and m.lineage == lineage]
+        doomed = []
         for old in own[max(self.keep_last, 1) :]:  # never the newest, never one just written
             if old != keep:
-                shutil.rmtree(old, ignore_errors=True)
+                hidden = old.with_name(f".tmp-deleting-{old.name}-{time.time_ns()}")
+                try:
+                    old.rename(hidden)  # .tmp-* folders are removed by the next save if need be
+                except OSError:
+                    continue
+                doomed.append(hidden)
+        if doomed:
+            self._deleting = threading.Thread(
+                target=_remove_all,
+                args=(doomed,),
+                name="paratrain-rotate",
+                daemon=False,
+            )
+            self._deleting.start()
 
     def _start(self, work: Callable[[], object]) -> None:
         pending = self._pending
@@ -374,7 +398,11 @@ class CheckpointStore:
         pending.thread.start()
 
     def wait(self) -> None:
-        """Block until an in-flight asynchronous save is committed; re-raise its error."""
+        """Block until an in-flight asynchronous save is committed and old checkpoints are
+        deleted; re-raise the save's error."""
+        if self._deleting is not None:
+            self._deleting.join()
+            self._deleting = None
         pending, self._pending = self._pending, _Pending()
         if pending.thread is not None:
             pending.thread.join()
@@ -636,6 +664,31 @@ def _dcp_failure(folder: Path, err: CheckpointException) -> CheckpointError:
 STAGE_THREADS = min(4, os.cpu_count() or 1)
 """Threads copying the state into the staging buffers of ``async_save`` on the CPU."""
 _STAGE_PIECE = 8 * 2**20
+
+
+def _remove_all(folders: list[Path]) -> None:
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def in_parallel(calls: list[Callable[[], object]]) -> None:
+    """Run each call in a thread of its own (blocking system calls: fsync); re-raise the first
+    error."""
+    failures: list[BaseException] = []
+
+    def run(call: Callable[[], object]) -> None:
+        try:
+            call()
+        except BaseException as err:
+            failures.append(err)
+
+    threads = [threading.Thread(target=run, args=(call,)) for call in calls]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failures:
+        raise failures[0]
 
 
 def copy_in_parallel(copies: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
