@@ -167,6 +167,16 @@ def _state(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in model.state_dict().items()}
 
 
+def _count_loads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The number of tensors of each window copied into a model, as it happens."""
+    loads: list[int] = []
+    real_load = ModuleLoader.load
+    monkeypatch.setattr(
+        ModuleLoader, "load", lambda self, part: (loads.append(len(part)), real_load(self, part))
+    )
+    return loads
+
+
 def test_a_model_with_buffers_tied_weights_and_root_parameters_resumes_window_by_window(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -175,12 +185,8 @@ def test_a_model_with_buffers_tied_weights_and_root_parameters_resumes_window_by
         run.setup(model, opt)
         folder = run.save()
     assert folder is not None and Manifest.read(folder).files["model.safetensors"].blocks
-    loads: list[int] = []
-    real_load = ModuleLoader.load
     monkeypatch.setattr(store_module, "WINDOW_BYTES", 64)  # one module per window
-    monkeypatch.setattr(
-        ModuleLoader, "load", lambda self, part: (loads.append(len(part)), real_load(self, part))
-    )
+    loads = _count_loads(monkeypatch)
     fresh, fresh_opt = _trained(1)
     with pt.Run(progress=False, ckpt_dir=tmp_path, seed=0) as run:
         run.setup(fresh, fresh_opt)
@@ -257,11 +263,7 @@ def test_a_flipped_byte_in_the_model_file_falls_back_before_any_of_its_bytes_loa
     raw = bytearray((newest / "model.safetensors").read_bytes())
     raw[-3] ^= 0x10  # in the last window
     (newest / "model.safetensors").write_bytes(bytes(raw))
-    copied: list[int] = []  # tensors per window
-    real_load = ModuleLoader.load
-    monkeypatch.setattr(
-        ModuleLoader, "load", lambda self, part: (copied.append(len(part)), real_load(self, part))
-    )
+    copied = _count_loads(monkeypatch)
     fresh, fresh_opt = _trained(1)
     with pt.Run(progress=False, ckpt_dir=root, seed=0) as run:
         run.setup(fresh, fresh_opt)

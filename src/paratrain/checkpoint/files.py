@@ -17,6 +17,7 @@ read, so a checkpoint moves at the disk's speed rather than one thread's copy sp
 from __future__ import annotations
 
 import ctypes
+import functools
 import io
 import json
 import os
@@ -553,24 +554,31 @@ def _write_files(
             worker.join()
         if failures:
             raise failures[0]
-        syncers = [threading.Thread(target=_fsync_into, args=(fd, failures)) for fd in fds.values()]
-        for syncer in syncers:
-            syncer.start()
-        for syncer in syncers:
-            syncer.join()
-        if failures:
-            raise failures[0]
+        in_parallel([functools.partial(os.fsync, fd) for fd in fds.values()])
     finally:
         for fd in fds.values():
             os.close(fd)
     return digests
 
 
-def _fsync_into(fd: int, failures: list[BaseException]) -> None:
-    try:
-        os.fsync(fd)
-    except BaseException as err:
-        failures.append(err)
+def in_parallel(calls: list[Callable[[], object]]) -> None:
+    """Run each call in a thread of its own (blocking system calls: fsync); re-raise the first
+    error once all have finished."""
+    failures: list[BaseException] = []
+
+    def run(call: Callable[[], object]) -> None:
+        try:
+            call()
+        except BaseException as err:
+            failures.append(err)
+
+    threads = [threading.Thread(target=run, args=(call,)) for call in calls]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failures:
+        raise failures[0]
 
 
 def _nbytes(chunks: list[memoryview]) -> int:

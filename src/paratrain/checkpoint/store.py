@@ -52,6 +52,7 @@ from paratrain.checkpoint.files import (
     StoredTensor,
     checksum_file,
     fsync_dir,
+    in_parallel,
     read_windows_verified,
     safetensors_chunks,
     safetensors_entries,
@@ -669,26 +670,6 @@ _STAGE_PIECE = 8 * 2**20
 def _remove_all(folders: list[Path]) -> None:
     for folder in folders:
         shutil.rmtree(folder, ignore_errors=True)
-
-
-def in_parallel(calls: list[Callable[[], object]]) -> None:
-    """Run each call in a thread of its own (blocking system calls: fsync); re-raise the first
-    error."""
-    failures: list[BaseException] = []
-
-    def run(call: Callable[[], object]) -> None:
-        try:
-            call()
-        except BaseException as err:
-            failures.append(err)
-
-    threads = [threading.Thread(target=run, args=(call,)) for call in calls]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if failures:
-        raise failures[0]
 
 
 def copy_in_parallel(copies: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
