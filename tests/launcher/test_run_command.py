@@ -8,6 +8,7 @@ a temporary working directory. The fake scripts write the launcher report themse
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -187,4 +188,6 @@ def test_real_run_save_on_one_rank_names_the_users_line(tmp_path: Path) -> None:
     message = proc.stderr.replace("\n", " ")
     # The save's own check (0.8 x timeout_s) fires before the watchdog (0.9 x timeout_s).
     assert "run.save() is collective: every rank must call it" in message
-    assert "rank 0 (local rank 0) exited with code 1" in message
+    # Rank 0 exits from the failed save; on a loaded machine rank 1's watchdog (waiting in the
+    # next all-reduce) can end first, so the launcher may name either rank.
+    assert re.search(r"rank [01] \(local rank [01]\) exited with code \d+", message), message
