@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from paratrain.config import RunConfig
     from paratrain.data import ExactOnceSampler, to_device
     from paratrain.launcher.spawn import RankFailedError, launch
+    from paratrain.profiling import Profile
     from paratrain.run import Run
     from paratrain.topology import Topology
 
@@ -40,6 +41,7 @@ _LAZY = {
     "ExactOnceSampler": "paratrain.data",
     "to_device": "paratrain.data",
     "Run": "paratrain.run",
+    "Profile": "paratrain.profiling",
     "launch": "paratrain.launcher.spawn",
     "RankFailedError": "paratrain.launcher.spawn",
     "Topology": "paratrain.topology",
@@ -64,6 +66,7 @@ __all__ = [
     "LoadReport",
     "ModelError",
     "ParatrainError",
+    "Profile",
     "RankFailedError",
     "Run",
     "RunConfig",

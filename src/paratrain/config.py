@@ -27,6 +27,7 @@ from paratrain.mesh import check_mesh_setting
 from paratrain.module_policy import ModulePolicy
 from paratrain.paths import check_creatable
 from paratrain.pipeline import SplitSetting, check_split_setting
+from paratrain.profiling import ProfileSetting, check_profile_setting
 from paratrain.tp import PlanSetting, check_tp_plan
 
 STRATEGY_NAMES = ("cpu", "single", "dp", "ddp", "fsdp", "tp", "pipeline")
@@ -80,6 +81,10 @@ class RunConfig:
     """Write :meth:`Run.log` scalars as TensorBoard events under ``run_dir/tensorboard``."""
     progress: bool = True
     """Show a progress bar (main process only) in :meth:`Run.progress`."""
+    profile: ProfileSetting = None
+    """Profile a window of steps on every rank with ``torch.profiler``: ``True`` (records steps
+    7-9), a ``pt.Profile(wait=, warmup=, active=)`` or a dict of those. Writes a trace per rank
+    under ``run_dir/profile`` and prints where each rank's step time went."""
     timeout_s: float = 600.0
     """Timeout of every collective, in seconds; a stalled rank fails the job instead of hanging."""
     watchdog: bool = True
@@ -307,6 +312,7 @@ _RULES: dict[str, Rule] = {
     "stats_every": _whole(low=1, optional=True, hint="None writes no stats"),
     "tensorboard": FLAG,
     "progress": FLAG,
+    "profile": Rule(check_profile_setting, "`True`, `pt.Profile(...)`, dict of its fields, None"),
     "timeout_s": _number(high=30 * 86400, hint="seconds; at most 30 days"),
     "watchdog": FLAG,
     "device_ids": Rule(_device_ids, "list of GPU indices, None"),

@@ -23,6 +23,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, Generic, Protocol, TypeVar
 
 import torch
+from torch.autograd.profiler import record_function
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
 
 from paratrain.errors import ConfigError
@@ -268,7 +269,9 @@ class DeviceLoader(Generic[T]):
                 if self.train:
                     self.position.samples += batch_size * self.world_size
                 self.hooks.on_batch()
-                yield to_device(batch, self.device, non_blocking=non_blocking)
+                with record_function("paratrain: batch to device"):
+                    moved = to_device(batch, self.device, non_blocking=non_blocking)
+                yield moved
             if self.train:
                 self.position.finished = True
         finally:

@@ -36,7 +36,7 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils.data import Dataset
 
-from paratrain import data
+from paratrain import collectives, data
 from paratrain.accumulation import Windows
 from paratrain.checkpoint.resume import CheckpointInfo
 from paratrain.checkpoint.store import CheckpointStore
@@ -51,6 +51,7 @@ from paratrain.model_setup import (
     prepare_model,
     rebind_optimizer,
 )
+from paratrain.profiling import Profile, StepProfiler, as_profile, print_table
 from paratrain.run_checkpoints import RunCheckpoints, RunParts
 from paratrain.run_loop import LoopHooks
 from paratrain.seeding import rank_seed, seed_everything
@@ -104,6 +105,8 @@ class Run(Job):
             )
         )
         self._hooks = LoopHooks(self)
+        window = as_profile(self.config.profile)
+        self._profiler = self._new_profiler(window) if window is not None else None
         self._rank_streams = False
         self._batch_reported = False
         if self.config.per_rank_batch is not None:
@@ -354,6 +357,8 @@ class Run(Job):
         if stepped:
             if self._rounds.count(optimizer):
                 self.loop.global_step += 1
+                if self._profiler is not None:
+                    self._profiler.step()
             self._hooks.progress()
             if scheduler is not None:
                 scheduler.step()
@@ -365,6 +370,44 @@ class Run(Job):
                     data_wait_s=sum(ld.data_wait_s for ld in loaders),
                 )
         return stepped
+
+    def profile(
+        self,
+        *,
+        wait: int = 0,
+        warmup: int = 1,
+        active: int = 3,
+        record_shapes: bool = False,
+        profile_memory: bool = False,
+        with_stack: bool = False,
+    ) -> None:
+        """Profile steps from the next one on (after ``wait`` + ``warmup``, ``active`` steps):
+        a trace per rank in ``run_dir/profile`` and a printed table of where the time went.
+        Call it on every rank (the table is gathered); see :mod:`paratrain.profiling`."""
+        window = Profile(
+            wait=wait,
+            warmup=warmup,
+            active=active,
+            record_shapes=record_shapes,
+            profile_memory=profile_memory,
+            with_stack=with_stack,
+        )
+        if self._profiler is not None and not self._profiler.done:
+            raise ConfigError(
+                "run.profile: a profile window is already armed (Run(profile=...) or an earlier "
+                "run.profile). Call run.profile again after its table was printed."
+            )
+        self._profiler = self._new_profiler(window)
+        self._profiler.start(self.loop.global_step)
+
+    def _new_profiler(self, window: Profile) -> StepProfiler:
+        return StepProfiler(
+            window,
+            directory=self.layout.profile,
+            rank=self.rank,
+            device=self.device,
+            report=lambda mine: print_table(collectives.gather(mine), self.console.print),
+        )
 
     def _set_up(self, model: nn.Module) -> Unit:
         """The unit of ``model`` as run.setup returned it, or of the module inside it."""
@@ -451,6 +494,10 @@ class Run(Job):
         self.tracked.notes.clear()
 
     def _before_close(self) -> None:
+        if getattr(self, "_profiler", None) is not None:
+            unfinished = self._profiler.close()  # type: ignore[union-attr]
+            if unfinished:
+                self.console.warn(unfinished)
         if hasattr(self, "_checkpoints"):
             self._checkpoints.close()
 

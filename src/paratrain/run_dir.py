@@ -7,10 +7,11 @@
     layout.metrics          # runs/exp/metrics.jsonl   (run.log)
     layout.restarts         # runs/exp/restarts.jsonl  (one line per torchrun restart)
     layout.tensorboard      # runs/exp/tensorboard/
+    layout.profile          # runs/exp/profile/rank<r>.steps-<a>-<b>.{pt.trace,summary}.json
     layout.report           # runs/exp/run.json   (what the script's Run resolved)
 
 Only the main process writes the shared files (metrics, restarts, report); every rank writes its
-own file under ``stats/`` and ``stacks/``.
+own file under ``stats/``, ``stacks/`` and ``profile/``.
 """
 
 from __future__ import annotations
@@ -58,6 +59,11 @@ class RunDir:
     def tensorboard(self) -> Path:
         """TensorBoard event files."""
         return self.root / "tensorboard"
+
+    @property
+    def profile(self) -> Path:
+        """Traces and summaries of profiled steps (``Run(profile=...)``, ``run.profile()``)."""
+        return self.root / "profile"
 
     @property
     def report(self) -> Path:

@@ -20,6 +20,7 @@ from paratrain.console import Console
 from paratrain.data import DeviceLoader
 from paratrain.errors import ConfigError
 from paratrain.loop_state import LoopState
+from paratrain.profiling import StepProfiler
 from paratrain.run_checkpoints import RunCheckpoints
 from paratrain.seeding import seed_rank_stream
 from paratrain.strategies import Strategy
@@ -40,6 +41,7 @@ class _RunParts(Protocol):
     _checkpoints: RunCheckpoints
     _rank_streams: bool
     _batch_reported: bool
+    _profiler: StepProfiler | None
 
     @property
     def rank(self) -> int: ...
@@ -90,8 +92,12 @@ class LoopHooks:
 
     # -- the loop runs ----------------------------------------------------------------------
     def loop_action(self) -> None:
-        """Called by every training action: resume after a restart, once."""
+        """Called by every training action: resume after a restart, once; start the profiler's
+        step count (``Run(profile=...)``), once."""
         self.resume_if_restarted()
+        profiler = self.run._profiler
+        if profiler is not None and not profiler.running and not profiler.done:
+            profiler.start(self.run.loop.global_step)
         self.progress()
 
     def resume_if_restarted(self) -> None:
