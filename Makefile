@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo test lint typecheck pytest bench cuda-check clean
+.PHONY: demo test lint typecheck pytest examples-test bench cuda-check clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -22,17 +22,21 @@ demo: $(VENV)/.installed
 	$(BIN)/paratrain demo
 
 lint: $(VENV)/.installed
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
 
 typecheck: $(VENV)/.installed
 	$(BIN)/mypy --strict src/
 
 pytest: $(VENV)/.installed
-	$(BIN)/pytest -q -m "not dist"
-	$(BIN)/pytest -q -m dist
+	$(BIN)/pytest -q -m "not dist and not examples"
+	$(BIN)/pytest -q -m "dist and not examples"
 
 test: lint typecheck pytest
+
+# Every shipped example (examples/) end to end at tiny size on 2 CPU ranks, and the notebook.
+examples-test: $(VENV)/.installed
+	$(BIN)/pytest -q -m examples
 
 bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/overhead.py
