@@ -72,7 +72,7 @@ def _auto(config: RunConfig, topology: Topology, accelerator: str, gpus: int) ->
     if config.mesh is not None:
         return "fsdp", "mesh was given"
     if topology.world_size > 1:
-        return "ddp", f"{topology.world_size} ranks were launched ({topology.source})"
+        return "ddp", f"{topology.world_size} ranks were launched ({topology.source} variables)"
     if accelerator == "cuda":
         hint = (
             f"; {gpus} GPUs are visible: `paratrain run --nproc {gpus}` trains on all of them"
