@@ -228,3 +228,15 @@ def test_two_ranks_write_a_trace_each_and_the_parts_match_the_loop(
         assert parts["data wait"] >= 16 * 0.95
         assert parts["communication"] > 0 and parts["optimizer"] > 0 and parts["compute"] > 0
         _summary(tmp_path / "later", rank, 4, 5)
+
+
+def test_run_profile_refuses_a_second_window_and_bad_fields(tmp_path: Path) -> None:
+    with pt.Run(run_dir=str(tmp_path), progress=False) as run:
+        run.profile(active=2)
+        with pytest.raises(pt.ConfigError, match="already armed"):
+            run.profile()
+    with pt.Run(run_dir=str(tmp_path), progress=False) as run:
+        with pytest.raises(pt.ConfigError, match="unknown field.*'shapes'"):
+            run.profile(shapes=True)
+        with pytest.raises(pt.ConfigError, match="active must be an integer"):
+            run.profile(active=0)

@@ -124,6 +124,47 @@ def test_save_weights_are_unprefixed_and_atomic(tmp_path) -> None:  # type: igno
     assert [p.name for p in tmp_path.iterdir()] == ["w.pt"]
 
 
+class _Tied(nn.Module):
+    """A language model's shape: the output layer shares the embedding's weight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(300, 64)
+        self.head = nn.Linear(64, 300, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.emb(x))
+
+
+def test_save_weights_keeps_tied_weights_tied(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with pt.Run(strategy="cpu") as run:
+        model = run.setup(_Tied())
+        path = run.save_weights(model, tmp_path / "w.pt")
+        torch.save(run.unwrap(model).state_dict(), tmp_path / "plain.pt")
+    state = torch.load(path, weights_only=True)
+    assert state["emb.weight"].data_ptr() == state["head.weight"].data_ptr()
+    assert path.stat().st_size == pytest.approx((tmp_path / "plain.pt").stat().st_size, rel=0.01)
+    fresh = _Tied()
+    fresh.load_state_dict(state)
+    assert fresh.head.weight is fresh.emb.weight
+
+
+def test_accumulate_takes_a_compiled_set_up_model() -> None:
+    with pt.Run(strategy="cpu", grad_accum=2, progress=False) as run:
+        net = mlp()
+        model, optimizer = run.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
+        compiled = torch.compile(model, backend="eager")
+        before = [p.detach().clone() for p in model.parameters()]
+        x, y = dataset().tensors
+        for _ in range(2):
+            with run.accumulate(compiled):
+                run.backward(nn.functional.cross_entropy(compiled(x), y))
+            run.step(optimizer)
+        assert run.global_step == 1
+        assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
 def test_logger_is_silent_off_the_main_process() -> None:
     from paratrain.console import Console
 

@@ -187,6 +187,15 @@ class StepProfiler:
         )
 
 
+def check_no_window(current: StepProfiler | None) -> None:
+    """Refuse a second window while one is armed or running."""
+    if current is not None and not current.done:
+        raise ConfigError(
+            "run.profile: a profile window is already armed (Run(profile=...) or an earlier "
+            "run.profile). Call run.profile again after its table was printed."
+        )
+
+
 def print_table(summaries: Sequence[Summary], say: Callable[[str], None]) -> None:
     """Print every rank's summary (the main process's console)."""
     say(render(sorted(summaries, key=lambda s: s.rank)))

@@ -51,7 +51,7 @@ from paratrain.model_setup import (
     prepare_model,
     rebind_optimizer,
 )
-from paratrain.profiling import Profile, StepProfiler, as_profile, print_table
+from paratrain.profiling import Profile, StepProfiler, as_profile, check_no_window, print_table
 from paratrain.run_checkpoints import RunCheckpoints, RunParts
 from paratrain.run_loop import LoopHooks
 from paratrain.seeding import rank_seed, seed_everything
@@ -105,8 +105,7 @@ class Run(Job):
             )
         )
         self._hooks = LoopHooks(self)
-        window = as_profile(self.config.profile)
-        self._profiler = self._new_profiler(window) if window is not None else None
+        self._profiler = self._new_profiler(as_profile(self.config.profile))
         self._rank_streams = False
         self._batch_reported = False
         if self.config.per_rank_batch is not None:
@@ -371,46 +370,29 @@ class Run(Job):
                 )
         return stepped
 
-    def profile(
-        self,
-        *,
-        wait: int = 0,
-        warmup: int = 1,
-        active: int = 3,
-        record_shapes: bool = False,
-        profile_memory: bool = False,
-        with_stack: bool = False,
-    ) -> None:
+    def profile(self, *, wait: int = 0, warmup: int = 1, active: int = 3, **record: bool) -> None:
         """Profile steps from the next one on (after ``wait`` + ``warmup``, ``active`` steps):
         a trace per rank in ``run_dir/profile`` and a printed table of where the time went.
-        Call it on every rank (the table is gathered); see :mod:`paratrain.profiling`."""
-        window = Profile(
-            wait=wait,
-            warmup=warmup,
-            active=active,
-            record_shapes=record_shapes,
-            profile_memory=profile_memory,
-            with_stack=with_stack,
-        )
-        if self._profiler is not None and not self._profiler.done:
-            raise ConfigError(
-                "run.profile: a profile window is already armed (Run(profile=...) or an earlier "
-                "run.profile). Call run.profile again after its table was printed."
-            )
-        self._profiler = self._new_profiler(window)
-        self._profiler.start(self.loop.global_step)
+        ``record`` takes :class:`paratrain.Profile`'s ``record_shapes``, ``profile_memory``,
+        ``with_stack``. Call it on every rank; see :mod:`paratrain.profiling`."""
+        window = as_profile(dict(wait=wait, warmup=warmup, active=active, **record), "run.profile")
+        check_no_window(self._profiler)
+        self._profiler = profiler = self._new_profiler(window)
+        assert profiler is not None  # a dict of fields always asks for a window
+        profiler.start(self.loop.global_step)
 
-    def _new_profiler(self, window: Profile) -> StepProfiler:
+    def _new_profiler(self, window: Profile | None) -> StepProfiler | None:
+        if window is None:
+            return None
+        say = self.console.print
+        report = lambda mine: print_table(collectives.gather(mine), say)  # noqa: E731
         return StepProfiler(
-            window,
-            directory=self.layout.profile,
-            rank=self.rank,
-            device=self.device,
-            report=lambda mine: print_table(collectives.gather(mine), self.console.print),
+            window, directory=self.layout.profile, rank=self.rank, device=self.device, report=report
         )
 
     def _set_up(self, model: nn.Module) -> Unit:
         """The unit of ``model`` as run.setup returned it, or of the module inside it."""
+        model = getattr(model, "_orig_mod", model)  # torch.compile(model) of a set-up model
         for unit in self.tracked.units:
             if model is unit.module or model is self.strategy.unwrap(unit.module):
                 return unit

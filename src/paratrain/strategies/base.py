@@ -9,7 +9,7 @@ impossible combinations into errors that name the fix.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
 import torch
@@ -143,7 +143,7 @@ class Strategy:
         from paratrain.checkpoint.loading import strip_wrappers
 
         state = self.unwrap(model).state_dict()
-        return {strip_wrappers(k): v.detach().to("cpu", copy=True) for k, v in state.items()}
+        return {strip_wrappers(k): v for k, v in cpu_copies(state).items()}
 
     def clip_grad_norm(self, params: list[torch.Tensor], max_norm: float) -> float:
         """Clip the global gradient norm of ``params``; return the norm before clipping."""
@@ -153,6 +153,28 @@ class Strategy:
     def uneven_inputs(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
         """Context for loops whose ranks see different numbers of batches (one process: no-op)."""
         return contextlib.nullcontext()
+
+
+def cpu_copies(state: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """CPU copies of the tensors of ``state``; tied entries (one tensor under two names, e.g. a
+    GPT's embedding and output layer) stay one tensor, so a saved file holds them once."""
+    copies: dict[tuple[Any, ...], torch.Tensor] = {}
+    out: dict[str, torch.Tensor] = {}
+    for name, value in state.items():
+        if not isinstance(value, torch.Tensor):
+            continue
+        key = (
+            value.untyped_storage().data_ptr(),
+            value.device,
+            value.dtype,
+            value.storage_offset(),
+            tuple(value.shape),
+            value.stride(),
+        )
+        if key not in copies or value.numel() == 0:
+            copies[key] = value.detach().to("cpu", copy=True)
+        out[name] = copies[key]
+    return out
 
 
 def _no_gpu_reason(accelerator: str) -> str:

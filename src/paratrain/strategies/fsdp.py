@@ -39,7 +39,7 @@ from paratrain.config import RunConfig
 from paratrain.errors import ConfigError
 from paratrain.mesh import MeshShape
 from paratrain.module_policy import selected
-from paratrain.strategies.base import Strategy, average_buffers
+from paratrain.strategies.base import Strategy, average_buffers, cpu_copies
 from paratrain.strategies.ddp import check_ranks_fit_gpus
 from paratrain.topology import Topology
 
@@ -146,7 +146,7 @@ class FSDPStrategy(Strategy):
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         state = get_model_state_dict(model, options=options)
         # On one CPU rank the "offloaded" tensors can alias the live parameters: copy them.
-        return {k: v.clone() for k, v in state.items() if isinstance(v, torch.Tensor)}
+        return cpu_copies(state)
 
     def clip_grad_norm(self, params: list[torch.Tensor], max_norm: float) -> float:
         # The norm of sharded (DTensor) gradients is itself a DTensor reduced over all ranks.

@@ -46,7 +46,7 @@ from paratrain import pipeline, tp
 from paratrain.config import RunConfig
 from paratrain.errors import ConfigError, ModelError
 from paratrain.mesh import MeshShape
-from paratrain.strategies.base import average_buffers
+from paratrain.strategies.base import average_buffers, cpu_copies
 from paratrain.strategies.tp import TensorParallelStrategy, clip_by_global_norm
 from paratrain.topology import Topology
 
@@ -232,11 +232,7 @@ class PipelineStrategy(TensorParallelStrategy):
 
         # Not cpu_offload: with it torch keeps the state on global rank 0 only.
         state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
-        local = {
-            k: v.detach().to("cpu", copy=True)
-            for k, v in state.items()
-            if isinstance(v, torch.Tensor)
-        }
+        local = cpu_copies(state)
         if not dist.is_initialized() or dist.get_world_size() == 1:
             return local
         gathered: list[Any] = [None] * dist.get_world_size()
