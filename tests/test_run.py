@@ -184,3 +184,12 @@ def test_process_group_is_torn_down_when_user_code_raises() -> None:
     assert not dist.is_initialized()
     with pt.Run(strategy="ddp") as run:  # and a new run can start afterwards
         assert run.reduce(2.0, "sum") == 2.0
+
+
+def test_run_json_records_the_resolved_settings_and_extra(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with pt.Run(strategy="cpu", run_dir=tmp_path, extra={"lr": 0.1, "note": "baseline"}):
+        pass
+    record = json.loads((tmp_path / "run.json").read_text())
+    assert record["settings"]["extra"] == {"lr": 0.1, "note": "baseline"}
+    assert record["strategy"] == "cpu" and record["world_size"] == 1
+    assert record["settings"]["run_dir"] == str(tmp_path) and record["torch"] == torch.__version__

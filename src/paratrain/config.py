@@ -148,7 +148,8 @@ class RunConfig:
     num_workers: int | None = None
     """DataLoader workers per rank; default 0 on cpu, min(4, cores per rank) on cuda."""
     extra: dict[str, object] = field(default_factory=dict)
-    """Free-form values recorded with the run (hyperparameters, notes)."""
+    """Free-form values recorded with the run (hyperparameters, notes): the main process writes
+    them, with every other setting, to ``run_dir/run.json``."""
 
     def __post_init__(self) -> None:
         self.validate()

@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
+import os
 import shutil
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -37,6 +40,7 @@ from paratrain.process_group import destroy_process_group, init_process_group
 from paratrain.run_dir import RunDir
 from paratrain.strategies import select_strategy
 from paratrain.topology import Topology
+from paratrain.version import __version__
 from paratrain.watchdog import Watchdog
 
 Number = TypeVar("Number", int, float, torch.Tensor)
@@ -82,6 +86,7 @@ class Job:
             torch.cuda.set_device(self.device)
         if self.topology.is_main:
             shutil.rmtree(self.layout.stacks / "", ignore_errors=True)  # an earlier job's stalls
+            self._record_settings(backend)
             self._env.write_report(
                 {
                     "run_dir": str(self.layout.root.resolve()),
@@ -102,6 +107,28 @@ class Job:
             self._watchdog = Watchdog(
                 self.layout.stacks, rank=self.rank, after_s=0.9 * self.config.timeout_s
             )
+
+    def _record_settings(self, backend: str) -> None:
+        """``run_dir/run.json``: what this run resolved, and the settings' ``extra`` values."""
+        record = {
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "paratrain": __version__,
+            "torch": torch.__version__,
+            "strategy": self.strategy.name,
+            "world_size": self.topology.world_size,
+            "device": self.device.type,
+            "backend": backend if self.strategy.multi_process else None,
+            "restart_count": self._env.restart_count,
+            "settings": {
+                f.name: getattr(self.config, f.name) for f in dataclasses.fields(RunConfig)
+            },
+        }
+        path = self.layout.report
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        as_text = lambda v: str(v) if isinstance(v, Path) else repr(v)  # noqa: E731
+        tmp.write_text(json.dumps(record, indent=1, default=as_text) + "\n")
+        os.replace(tmp, path)
 
     # -- where this process is -------------------------------------------------------------
     @property
