@@ -76,6 +76,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--image-size", default=224, type=int, metavar="N",
                    help="training crop; validation resizes to N/0.875 and crops N "
                         "(default: 224)")
+    p.add_argument("--sync-bn", action="store_true",
+                   help="BatchNorm statistics over every rank's batch (SyncBatchNorm; GPUs only)")
     p.add_argument("--no-accel", action="store_true", help="run on the CPU even with a GPU")
     p.add_argument("--run-dir", default=None,
                    help="checkpoints, metrics and model_best.pt (default: paratrain run's "
@@ -99,6 +101,7 @@ def main() -> None:
         ckpt_dir=resume_dir,
         accelerator="cpu" if args.no_accel else "auto",
         num_workers=args.workers,
+        sync_batchnorm=args.sync_bn,
     ) as run:
         run.print(f"=> images and models: {vision.BACKEND}")
         if args.resume and weights is None:
