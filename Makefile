@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo test lint typecheck pytest examples-test bench cuda-check clean
+.PHONY: demo test lint typecheck pytest serve-deps examples-test bench cuda-check clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -24,6 +24,7 @@ demo: $(VENV)/.installed
 lint: $(VENV)/.installed
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/hadolint docker/Dockerfile
 
 typecheck: $(VENV)/.installed
 	$(BIN)/mypy --strict src/
@@ -32,7 +33,21 @@ pytest: $(VENV)/.installed
 	$(BIN)/pytest -q -m "not dist and not examples"
 	$(BIN)/pytest -q -m "dist and not examples"
 
-test: lint typecheck pytest
+test: lint typecheck serve-deps pytest
+
+# `paratrain serve` is tested against a real sshd. As root (CI) this installs openssh-server and
+# makes the unprivileged account the test logs in as (no home, no password, not locked); as
+# another user it only says what is missing.
+SERVE_USER := paratrain-ci
+serve-deps:
+	@if [ "$$(id -u)" = 0 ]; then \
+		command -v sshd >/dev/null || [ -x /usr/sbin/sshd ] || \
+			{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null; }; \
+		id -u $(SERVE_USER) >/dev/null 2>&1 || useradd --no-create-home --shell /bin/bash $(SERVE_USER); \
+		usermod -p '*' $(SERVE_USER); \
+	elif ! { command -v sshd >/dev/null || [ -x /usr/sbin/sshd ]; }; then \
+		echo "serve-deps: sshd is missing; install openssh-server (tests/serve fail without it)"; \
+	fi
 
 # Every shipped example (examples/) end to end at tiny size on 2 CPU ranks, and the notebook.
 examples-test: $(VENV)/.installed

@@ -6,6 +6,7 @@ paratrain demo                    # the embedded default job
 paratrain ckpt inspect PATH       # understand, verify, convert, diff checkpoints
 paratrain bench                   # throughput / memory / scaling vs a hand-written loop
 paratrain monitor RUN_DIR         # live per-GPU and per-rank view of a running job
+paratrain serve                   # the container's entrypoint: Jupyter (token) and SSH (keys)
 paratrain --version
 """
 
@@ -44,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every subcommand registered."""
     from paratrain.doctor.command import add_parser as add_doctor
     from paratrain.monitor.command import add_parser as add_monitor
+    from paratrain.serve.command import add_parser as add_serve
 
     parser = argparse.ArgumentParser(
         prog="paratrain",
@@ -53,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
     add_doctor(subparsers)
     add_monitor(subparsers)
+    add_serve(subparsers)
     for name, module in COMMANDS.items():
         try:
             importlib.import_module(module).add_parser(subparsers)

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "train.py"
 
 
-@pytest.mark.dist
+@pytest.mark.examples
 def test_the_example_trains_one_epoch_on_two_ranks(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     proc = subprocess.run(

@@ -140,7 +140,7 @@ def verify(path: str | Path) -> tuple[bool, list[str]]:
             return False, [str(err)]
         if problems:
             return False, problems
-        return True, [f"ok: {path} ({len(Manifest.read(path).files)} files match their CRC32)"]
+        return True, [f"ok: {path} ({len(Manifest.read(path).files)} files match their checksums)"]
     try:
         state, fmt = read_state_dict(path)
     except CheckpointError as err:

@@ -1,0 +1,1 @@
+"""``paratrain serve``: the container's entrypoint (Jupyter with a token, SSH with keys only)."""
