@@ -196,7 +196,13 @@ def test_one_process_profile_and_a_window_never_reached(
     out = capsys.readouterr()
     assert "profile of steps 2-3 (2 steps, cpu view)" in out.out
     _train(str(tmp_path / "b"), 2, True, 0.0)  # the default window records steps 7-9
-    assert "the profile window (recording steps 7-9) was not reached" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert (
+        "the profile window (recording steps 7-9) did not finish: the run stopped 2 step(s) "
+        "into the 9 it needs"
+        in err
+        and "wait=0, warmup=1, active=1" in err
+    )
     assert not (tmp_path / "b" / "profile").exists()
 
 
@@ -230,13 +236,24 @@ def test_two_ranks_write_a_trace_each_and_the_parts_match_the_loop(
         _summary(tmp_path / "later", rank, 4, 5)
 
 
+def test_a_profiler_of_your_own_is_left_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with torch.profiler.profile() as own:
+        _train(str(tmp_path), 3, {"wait": 0, "warmup": 1, "active": 1}, 0.0)
+    assert "a torch.profiler session of your own is running" in capsys.readouterr().err
+    assert len(own.events()) > 0 and not (tmp_path / "profile").exists()
+
+
 def test_run_profile_refuses_a_second_window_and_bad_fields(tmp_path: Path) -> None:
     with pt.Run(run_dir=str(tmp_path), progress=False) as run:
         run.profile(active=2)
         with pytest.raises(pt.ConfigError, match="already armed"):
             run.profile()
     with pt.Run(run_dir=str(tmp_path), progress=False) as run:
-        with pytest.raises(pt.ConfigError, match="unknown field.*'shapes'"):
+        with pytest.raises(pt.ConfigError, match=r"unknown field.*'shapes'"):
             run.profile(shapes=True)
         with pytest.raises(pt.ConfigError, match="active must be an integer"):
             run.profile(active=0)
+    with pytest.raises(pt.ConfigError, match="the run is closed"):
+        run.profile()

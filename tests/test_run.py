@@ -193,3 +193,62 @@ def test_run_json_records_the_resolved_settings_and_extra(tmp_path) -> None:  # 
     assert record["settings"]["extra"] == {"lr": 0.1, "note": "baseline"}
     assert record["strategy"] == "cpu" and record["world_size"] == 1
     assert record["settings"]["run_dir"] == str(tmp_path) and record["torch"] == torch.__version__
+
+
+class _Odd(nn.Module):
+    """State a plain state_dict keeps and a saved file must keep too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 2)
+        z = torch.tensor([1 + 2j, 3 - 4j])
+        self.register_buffer("z", z)
+        self.register_buffer("zc", z.conj())  # a conjugate view of the same memory
+        self.register_buffer("sparse", torch.eye(3).to_sparse())
+        self.note = {"version": 3}
+
+    def get_extra_state(self) -> dict[str, int]:
+        return self.note
+
+    def set_extra_state(self, state: dict[str, int]) -> None:
+        self.note = state
+
+
+def test_save_weights_keeps_views_sparse_buffers_and_extra_state(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with pt.Run(strategy="cpu") as run:
+        model = run.setup(_Odd())
+        path = run.save_weights(model, tmp_path / "w.pt")
+        expected = run.unwrap(model).state_dict()
+    state = torch.load(path, weights_only=True)
+    assert state.keys() == expected.keys()
+    assert torch.equal(state["zc"], expected["zc"]) and not torch.equal(state["zc"], state["z"])
+    assert torch.equal(state["sparse"].to_dense(), torch.eye(3))
+    assert state["_extra_state"] == {"version": 3}
+    _Odd().load_state_dict(state, strict=True)
+
+
+def test_cpu_copies_ties_what_the_model_ties_even_when_the_state_has_copies() -> None:
+    from paratrain.strategies.base import cpu_copies
+
+    model = _Tied()
+    state = {k: v.clone() for k, v in model.state_dict().items()}  # as FSDP hands them back
+    copies = cpu_copies(state, model)
+    assert copies["emb.weight"] is copies["head.weight"]
+    state["head.weight"] += 1  # not equal any more: never tied by force
+    copies = cpu_copies(state, model)
+    assert copies["emb.weight"] is not copies["head.weight"]
+
+
+def test_run_json_takes_any_extra_and_follows_grad_accum(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cycle: dict[str, object] = {}
+    cycle["self"] = cycle
+    extra = {"weights": {(0, 1): 0.5}, "nan": float("nan"), "cycle": cycle, "t": torch.ones(2)}
+    with pt.Run(strategy="cpu", run_dir=tmp_path, extra=extra, global_batch=32) as run:
+        record = json.loads((tmp_path / "run.json").read_text())
+        assert record["settings"]["grad_accum"] == 1
+        run.loader(dataset(64), batch_size=8)  # grad_accum = 32 / 8 = 4
+    record = json.loads((tmp_path / "run.json").read_text())
+    assert record["settings"]["grad_accum"] == 4
+    saved = record["settings"]["extra"]
+    assert saved["weights"] == {"(0, 1)": 0.5} and saved["nan"] == "nan"
+    assert "tensor" in saved["t"]

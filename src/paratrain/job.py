@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import os
 import shutil
 import time
@@ -72,6 +73,7 @@ class Job:
             progress=self.config.progress,
         )
         self._closed = False
+        self._started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         self._owns_group = False
         self._watchdog: Watchdog | None = None
         try:
@@ -86,7 +88,7 @@ class Job:
             torch.cuda.set_device(self.device)
         if self.topology.is_main:
             shutil.rmtree(self.layout.stacks / "", ignore_errors=True)  # an earlier job's stalls
-            self._record_settings(backend)
+            self._record_settings()
             self._env.write_report(
                 {
                     "run_dir": str(self.layout.root.resolve()),
@@ -108,16 +110,19 @@ class Job:
                 self.layout.stacks, rank=self.rank, after_s=0.9 * self.config.timeout_s
             )
 
-    def _record_settings(self, backend: str) -> None:
-        """``run_dir/run.json``: what this run resolved, and the settings' ``extra`` values."""
+    def _record_settings(self) -> None:
+        """Main process: ``run_dir/run.json``, what this run resolved and the settings' ``extra``
+        values (rewritten when a setting changes, e.g. grad_accum derived from global_batch)."""
+        if not self.topology.is_main:
+            return
         record = {
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "started": self._started,
             "paratrain": __version__,
             "torch": torch.__version__,
             "strategy": self.strategy.name,
             "world_size": self.topology.world_size,
             "device": self.device.type,
-            "backend": backend if self.strategy.multi_process else None,
+            "backend": self.selection.backend if self.strategy.multi_process else None,
             "restart_count": self._env.restart_count,
             "settings": {
                 f.name: getattr(self.config, f.name) for f in dataclasses.fields(RunConfig)
@@ -126,8 +131,7 @@ class Job:
         path = self.layout.report
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
-        as_text = lambda v: str(v) if isinstance(v, Path) else repr(v)  # noqa: E731
-        tmp.write_text(json.dumps(record, indent=1, default=as_text) + "\n")
+        tmp.write_text(json.dumps(_plain(record), indent=1, allow_nan=False) + "\n")
         os.replace(tmp, path)
 
     # -- where this process is -------------------------------------------------------------
@@ -272,3 +276,21 @@ class Job:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _plain(value: Any, depth: int = 0) -> Any:
+    """``value`` as JSON can hold it: text keys, lists for tuples and sets, finite numbers, paths
+    as text, anything else (and anything nested too deep, e.g. a cycle) as its repr."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    if isinstance(value, Path):
+        return str(value)
+    if depth < 16 and isinstance(value, dict):
+        return {
+            k if isinstance(k, str) else repr(k): _plain(v, depth + 1) for k, v in value.items()
+        }
+    if depth < 16 and isinstance(value, (list, tuple, set, frozenset)):
+        return [_plain(v, depth + 1) for v in value]
+    return repr(value)

@@ -218,7 +218,8 @@ _HINTS = {
     "data wait": "the loop waits for batches: more DataLoader workers (num_workers), "
     "pin_memory, or a cheaper __getitem__",
     "communication": "collectives the compute does not hide: a larger per-rank batch or "
-    "grad_accum (fewer all-reduces per sample), comm_hook='bf16', or a faster interconnect",
+    "grad_accum (fewer gradient syncs per sample), more n_microbatches for a pipeline (a "
+    "smaller bubble), comm_hook='bf16' for ddp on nccl, or a faster interconnect",
     "optimizer": "the optimizer step: a fused or foreach optimizer (e.g. AdamW(fused=True))",
     "idle": "neither computing nor communicating (Python overhead, launch gaps, waiting on a "
     "slower rank): larger batches, torch.compile, or balance the ranks",
@@ -251,6 +252,6 @@ def render(summaries: Sequence[Summary]) -> str:
             f"step — {_HINTS[part]}."
         )
     hidden = sum(s.overlapped_communication_ms for s in summaries) / len(summaries)
-    if hidden > 0:
+    if hidden >= 0.05:
         lines.append(f"  communication hidden behind compute: {hidden:.1f} ms per step per rank")
     return "\n".join(lines)

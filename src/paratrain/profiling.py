@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,8 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
+from paratrain import collectives
+from paratrain.console import Console
 from paratrain.errors import ConfigError
 from paratrain.profile_summary import Summary, render, summarize
 
@@ -96,10 +99,7 @@ def check_profile_setting(name: str, value: object) -> None:
 
 class StepProfiler:
     """One window of ``torch.profiler`` over optimizer steps, started at the first loop action.
-
-    ``report`` is called on every rank with this rank's summary when the window ends (the Run
-    gathers and prints them).
-    """
+    When it ends, every rank's summary is gathered and the main process prints the table."""
 
     def __init__(
         self,
@@ -108,13 +108,15 @@ class StepProfiler:
         directory: Path,
         rank: int,
         device: torch.device,
-        report: Callable[[Summary], None],
+        console: Console,
     ) -> None:
         self.window = window
         self.directory = directory
         self.rank = rank
         self.device = device
-        self.report = report
+        self.console = console
+        self.steps = 0
+        """Steps counted since the window started."""
         self.first_step: int | None = None
         """The global step the window's first step will have (set at start)."""
         self.done = False
@@ -129,6 +131,13 @@ class StepProfiler:
         """Begin counting steps (the next completed step is step ``global_step + 1``)."""
         if self._profiler is not None or self.done:
             return
+        if torch.autograd.profiler._is_profiler_enabled:
+            self.done = True
+            self.console.warn(
+                "a torch.profiler session of your own is running; paratrain's profile window "
+                "would end it, so it is skipped. Use one or the other."
+            )
+            return
         activities = [ProfilerActivity.CPU]
         if self.device.type == "cuda":
             activities.append(ProfilerActivity.CUDA)
@@ -142,11 +151,14 @@ class StepProfiler:
             profile_memory=w.profile_memory,
             with_stack=w.with_stack,
         )
-        self._profiler.start()
+        with warnings.catch_warnings():  # warmup=0 was asked for; torch warns about it
+            warnings.filterwarnings("ignore", message=".*warmup.*")
+            self._profiler.start()
 
     def step(self) -> None:
         """An optimizer step ended (every rank, the same step)."""
         if self._profiler is not None:
+            self.steps += 1
             self._profiler.step()
             if self.done:  # the window ended inside that call: release torch's step marker
                 self._profiler.stop()
@@ -167,7 +179,7 @@ class StepProfiler:
         summary_file.write_text(json.dumps(summary.as_dict(), indent=1) + "\n")
         self.written += [trace, summary_file]
         self.done = True
-        self.report(summary)
+        print_table(collectives.gather(summary), self.console.print)  # every rank's, collective
 
     def close(self) -> str | None:
         """Stop a window the run did not finish; the reason, for a warning (None if none)."""
@@ -180,15 +192,21 @@ class StepProfiler:
             return None
         w = self.window
         first = (self.first_step or 0) + w.wait + w.warmup
+        needed = w.wait + w.warmup + w.active
+        fits = (
+            f"e.g. wait=0, warmup=1, active={self.steps - 1}" if self.steps >= 2 else "a longer run"
+        )
         return (
-            f"the profile window (recording steps {first}-{first + w.active - 1}) was not "
-            "reached: the run ended first, so no trace was written. Profile earlier steps, e.g. "
-            "profile={'wait': 1, 'active': 3}."
+            f"the profile window (recording steps {first}-{first + w.active - 1}) did not "
+            f"finish: the run stopped {self.steps} step(s) into the {needed} it needs, so no "
+            f"trace was written. Ask for a window that fits ({fits})."
         )
 
 
-def check_no_window(current: StepProfiler | None) -> None:
-    """Refuse a second window while one is armed or running."""
+def check_no_window(current: StepProfiler | None, *, closed: bool) -> None:
+    """Refuse a second window while one is armed or running, or after the run closed."""
+    if closed:
+        raise ConfigError("run.profile: the run is closed. Profile steps before run.close().")
     if current is not None and not current.done:
         raise ConfigError(
             "run.profile: a profile window is already armed (Run(profile=...) or an earlier "

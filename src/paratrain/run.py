@@ -36,7 +36,7 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils.data import Dataset
 
-from paratrain import collectives, data
+from paratrain import data
 from paratrain.accumulation import Windows
 from paratrain.checkpoint.resume import CheckpointInfo
 from paratrain.checkpoint.store import CheckpointStore
@@ -51,7 +51,7 @@ from paratrain.model_setup import (
     prepare_model,
     rebind_optimizer,
 )
-from paratrain.profiling import Profile, StepProfiler, as_profile, check_no_window, print_table
+from paratrain.profiling import Profile, StepProfiler, as_profile, check_no_window
 from paratrain.run_checkpoints import RunCheckpoints, RunParts
 from paratrain.run_loop import LoopHooks
 from paratrain.seeding import rank_seed, seed_everything
@@ -376,7 +376,8 @@ class Run(Job):
         ``record`` takes :class:`paratrain.Profile`'s ``record_shapes``, ``profile_memory``,
         ``with_stack``. Call it on every rank; see :mod:`paratrain.profiling`."""
         window = as_profile(dict(wait=wait, warmup=warmup, active=active, **record), "run.profile")
-        check_no_window(self._profiler)
+        check_no_window(self._profiler, closed=self._closed)
+        self.barrier("run.profile")  # every rank arms it: the window's end is collective
         self._profiler = profiler = self._new_profiler(window)
         assert profiler is not None  # a dict of fields always asks for a window
         profiler.start(self.loop.global_step)
@@ -384,10 +385,9 @@ class Run(Job):
     def _new_profiler(self, window: Profile | None) -> StepProfiler | None:
         if window is None:
             return None
-        say = self.console.print
-        report = lambda mine: print_table(collectives.gather(mine), say)  # noqa: E731
+        profile_dir, rank, device = self.layout.profile, self.rank, self.device
         return StepProfiler(
-            window, directory=self.layout.profile, rank=self.rank, device=self.device, report=report
+            window, directory=profile_dir, rank=rank, device=device, console=self.console
         )
 
     def _set_up(self, model: nn.Module) -> Unit:
@@ -411,7 +411,10 @@ class Run(Job):
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ConfigError(f"grad_accum must be a positive integer, got {every!r}.")
         self._windows.set_every(every)
+        changed = every != self.config.grad_accum
         self.loop.grad_accum = self.config.grad_accum = every
+        if changed:
+            self._record_settings()
 
     def _progress(self) -> None:
         self._hooks.progress()

@@ -91,7 +91,10 @@ def load_weights(gpt: ModuleType, run_dir: Path) -> torch.nn.Module:
     """The run's final weights in a fresh GPT, with plain torch only."""
     config = gpt.GPTConfig(**json.loads((run_dir / "model_args.json").read_text()))
     model = gpt.GPT(config)
-    model.load_state_dict(torch.load(run_dir / "model.pt", weights_only=True), strict=True)
+    state = torch.load(run_dir / "model.pt", weights_only=True)
+    # the tied embedding and output layer are one tensor in the file (under every strategy)
+    assert state["transformer.wte.weight"] is state["lm_head.weight"]
+    model.load_state_dict(state, strict=True)
     return model.eval()
 
 

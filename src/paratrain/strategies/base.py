@@ -138,12 +138,13 @@ class Strategy:
         """Skip gradient synchronisation for the backward passes run inside."""
         yield
 
-    def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+    def full_state_dict(self, model: nn.Module) -> dict[str, Any]:
         """A CPU copy of the complete, unprefixed weights (complete on the main process)."""
         from paratrain.checkpoint.loading import strip_wrappers
 
-        state = self.unwrap(model).state_dict()
-        return {strip_wrappers(k): v for k, v in cpu_copies(state).items()}
+        unwrapped = self.unwrap(model)
+        state = unwrapped.state_dict()
+        return {strip_wrappers(k): v for k, v in cpu_copies(state, unwrapped).items()}
 
     def clip_grad_norm(self, params: list[torch.Tensor], max_norm: float) -> float:
         """Clip the global gradient norm of ``params``; return the norm before clipping."""
@@ -155,13 +156,19 @@ class Strategy:
         return contextlib.nullcontext()
 
 
-def cpu_copies(state: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-    """CPU copies of the tensors of ``state``; tied entries (one tensor under two names, e.g. a
-    GPT's embedding and output layer) stay one tensor, so a saved file holds them once."""
+def cpu_copies(state: Mapping[str, Any], model: nn.Module | None = None) -> dict[str, Any]:
+    """CPU copies of the tensors of ``state`` (other values, e.g. a module's ``_extra_state``,
+    as they are). Tied entries stay one tensor, so a saved file holds them once: entries that
+    view the same memory the same way, and the names ``model`` gives one parameter (a GPT's
+    embedding and output layer), which FSDP's full state dict hands back as separate copies."""
     copies: dict[tuple[Any, ...], torch.Tensor] = {}
-    out: dict[str, torch.Tensor] = {}
+    out: dict[str, Any] = {}
     for name, value in state.items():
         if not isinstance(value, torch.Tensor):
+            out[name] = value
+            continue
+        if value.layout != torch.strided or value.is_conj() or value.is_neg():
+            out[name] = value.detach().to("cpu", copy=True)  # no storage to share
             continue
         key = (
             value.untyped_storage().data_ptr(),
@@ -174,7 +181,26 @@ def cpu_copies(state: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         if key not in copies or value.numel() == 0:
             copies[key] = value.detach().to("cpu", copy=True)
         out[name] = copies[key]
+    for names in tied_names(model) if model is not None else ():
+        present = [n for n in names if n in out]
+        for name in present[1:]:
+            if torch.equal(out[name], out[present[0]]):
+                out[name] = out[present[0]]
     return out
+
+
+def tied_names(model: nn.Module) -> list[list[str]]:
+    """Groups of names under which ``model`` holds one parameter or buffer (ties), with and
+    without wrapper prefixes (``_orig_mod.``, ``_checkpoint_wrapped_module.``)."""
+    from paratrain.checkpoint.loading import strip_wrappers
+
+    by_object: dict[int, list[str]] = {}
+    for name, tensor in [
+        *model.named_parameters(remove_duplicate=False),
+        *model.named_buffers(remove_duplicate=False),
+    ]:
+        by_object.setdefault(id(tensor), []).extend(dict.fromkeys([name, strip_wrappers(name)]))
+    return [names for names in by_object.values() if len(set(map(strip_wrappers, names))) > 1]
 
 
 def _no_gpu_reason(accelerator: str) -> str:

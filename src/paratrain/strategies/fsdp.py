@@ -135,7 +135,7 @@ class FSDPStrategy(Strategy):
             "Use run.loader, which gives every rank the same number of batches, or strategy='ddp'."
         )
 
-    def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+    def full_state_dict(self, model: nn.Module) -> dict[str, Any]:
         # Imported here: torch.distributed.checkpoint takes ~1 s to import, and the CLI (doctor)
         # should not pay for it. A collective: every rank must call it.
         from torch.distributed.checkpoint.state_dict import (
@@ -146,7 +146,7 @@ class FSDPStrategy(Strategy):
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         state = get_model_state_dict(model, options=options)
         # On one CPU rank the "offloaded" tensors can alias the live parameters: copy them.
-        return cpu_copies(state)
+        return cpu_copies(state, model)
 
     def clip_grad_norm(self, params: list[torch.Tensor], max_norm: float) -> float:
         # The norm of sharded (DTensor) gradients is itself a DTensor reduced over all ranks.

@@ -223,7 +223,7 @@ class PipelineStrategy(TensorParallelStrategy):
     def pp(self) -> int:
         return self.shape.sizes["pp"]
 
-    def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+    def full_state_dict(self, model: nn.Module) -> dict[str, Any]:
         """Every stage's weights, complete on the main process (a collective)."""
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
@@ -237,7 +237,7 @@ class PipelineStrategy(TensorParallelStrategy):
             return local
         gathered: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, local if self.data_rank == 0 else {})
-        merged: dict[str, torch.Tensor] = {}
+        merged: dict[str, Any] = {}
         for part in gathered:
             merged.update(part)
         return merged
