@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo test lint typecheck pytest serve-deps examples-test bench cuda-check clean
+.PHONY: demo test lint typecheck pytest serve-deps examples-test image-test bench cuda-check clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -52,6 +52,13 @@ serve-deps:
 # Every shipped example (examples/) end to end at tiny size on 2 CPU ranks, and the notebook.
 examples-test: $(VENV)/.installed
 	$(BIN)/pytest -q -m examples
+
+# A real build of docker/Dockerfile (on a Debian base made here: no registry needed) and the serve
+# smoke test inside the image. Root only; about 5 minutes. Not part of `make test`.
+image-test: $(VENV)/.installed
+	command -v buildah >/dev/null && command -v mmdebstrap >/dev/null && command -v podman >/dev/null \
+		|| { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq buildah podman mmdebstrap curl >/dev/null; }
+	PATH="$(CURDIR)/$(BIN):$$PATH" bash docker/image-test.sh
 
 bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/overhead.py
