@@ -15,10 +15,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import sys
 import sysconfig
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
+
+
+def fail(message: str) -> NoReturn:
+    """Stop with ``message`` and status 2, as argparse does for a bad flag: bad input, not a bug."""
+    print(f"prepare.py: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def stdlib_text(max_chars: int) -> tuple[str, str]:
@@ -36,9 +45,9 @@ def stdlib_text(max_chars: int) -> tuple[str, str]:
         parts.append(text)
         size += len(text)
     if not parts:
-        raise SystemExit(
-            f"prepare.py: found no readable *.py files in {folder} (this Python ships without "
-            "its library sources). Pass a text file with --input."
+        fail(
+            f"found no readable *.py files in {folder} (this Python ships without its library "
+            "sources). Pass a text file with --input."
         )
     return "".join(parts)[:max_chars], f"{folder}/*.py"
 
@@ -47,9 +56,22 @@ def encode(text: str) -> tuple[np.ndarray, str]:
     """Token ids of ``text`` (one per character) and the characters in id order."""
     chars = "".join(sorted(set(text)))
     if len(chars) > np.iinfo(np.uint16).max + 1:
-        raise SystemExit(f"prepare.py: {len(chars)} distinct characters do not fit in uint16.")
+        fail(f"{len(chars)} distinct characters do not fit in uint16.")
     ids = {c: i for i, c in enumerate(chars)}
     return np.array([ids[c] for c in text], dtype=np.uint16), chars
+
+
+def read_input(path: Path) -> str:
+    """The text of ``--input``; fail with the fix when it is missing or not UTF-8."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        fail(
+            f"--input {path} is not UTF-8 text (byte {err.start} is {err.object[err.start]:#x}): "
+            "convert it first (e.g. iconv -f latin1 -t utf-8 for Latin-1 text)."
+        )
+    except OSError as err:
+        fail(f"cannot read --input {path}: {err.strerror}. Pass a UTF-8 text file.")
 
 
 def main() -> None:
@@ -59,14 +81,28 @@ def main() -> None:
     p.add_argument("--max-chars", type=int, default=2_000_000, help="cut the text to this size")
     p.add_argument("--val-fraction", type=float, default=0.1)
     args = p.parse_args()
+    if args.max_chars < 1:
+        p.error(f"--max-chars {args.max_chars}: pass a number of characters of at least 1.")
+    if not 0 < args.val_fraction < 1:
+        p.error(f"--val-fraction {args.val_fraction}: pass a fraction above 0 and below 1.")
     if args.input is not None:
-        text, source = args.input.read_text(encoding="utf-8")[: args.max_chars], str(args.input)
+        text, source = read_input(args.input)[: args.max_chars], str(args.input)
     else:
         text, source = stdlib_text(args.max_chars)
     tokens, chars = encode(text)
     n_val = int(len(tokens) * args.val_fraction)
     train, val = tokens[: len(tokens) - n_val], tokens[len(tokens) - n_val :]
-    args.out_dir.mkdir(parents=True, exist_ok=True)
+    if not len(train) or not len(val):  # train.py would have nothing to read
+        need = max(2, math.ceil(1 / args.val_fraction))
+        fail(
+            f"{source} gives {len(text)} characters; train and val need at least one each, so "
+            f"--val-fraction {args.val_fraction} needs {need} or more. Pass a longer text (or a "
+            "larger --max-chars)."
+        )
+    try:
+        args.out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        fail(f"cannot make --out-dir {args.out_dir}: {err.strerror}. Pass a folder you can write.")
     train.tofile(args.out_dir / "train.bin")
     val.tofile(args.out_dir / "val.bin")
     meta = {"vocab_size": len(chars), "chars": chars, "source": source}

@@ -20,10 +20,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -35,43 +37,72 @@ SHAPE = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "bias")
 """GPTConfig fields a checkpoint fixes (dropout may change between runs)."""
 
 
+def fail(message: str) -> NoReturn:
+    """Stop with ``message`` and status 2, as argparse does for a bad flag: bad input, not a bug."""
+    print(message, file=sys.stderr)
+    raise SystemExit(2)
+
+
+def checked(kind: Callable[[str], Any], ok: Callable[[Any], bool], need: str) -> Any:
+    """An argparse type: ``kind(text)`` if ``ok`` holds for it, else a usage error saying what
+    is needed (a zero or a nan would only fail later, with a traceback or a nan loss)."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not ok(value):
+            raise argparse.ArgumentTypeError(f"got {text!r}; pass {need}")
+        return value
+
+    return parse
+
+
+COUNT = checked(int, lambda n: n >= 1, "a whole number of at least 1")
+NATURAL = checked(int, lambda n: n >= 0, "a whole number of at least 0")
+POSITIVE = checked(float, lambda x: 0 < x < math.inf, "a number above 0")
+NON_NEGATIVE = checked(float, lambda x: 0 <= x < math.inf, "a number of at least 0")
+FRACTION = checked(float, lambda x: 0 <= x < 1, "a number from 0 up to (not including) 1")
+
+
 def parser() -> argparse.ArgumentParser:
     """The command line; see the module docstring for examples."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data-dir", type=Path, default=Path("data/gpt"), help="prepare.py output")
     p.add_argument("--run-dir", help="default: paratrain run's --run-dir, else runs/paratrain")
     p.add_argument("--strategy", default="auto", choices=("auto", "ddp", "fsdp", "tp"))
-    p.add_argument("--tp", type=int, help="tp size with --strategy tp (default: every rank)")
+    p.add_argument("--tp", type=COUNT, help="tp size with --strategy tp (default: every rank)")
     p.add_argument("--precision", choices=("bf16", "fp16", "fp32"), help="default: bf16 on GPUs")
     p.add_argument("--seed", type=int, default=1337)
     batch = p.add_argument_group("batch")
-    batch.add_argument("--batch-size", type=int, default=64, help="sequences per micro-batch")
-    batch.add_argument("--block-size", type=int, default=256, help="tokens per sequence")
+    batch.add_argument("--batch-size", type=COUNT, default=64, help="sequences per micro-batch")
+    batch.add_argument("--block-size", type=COUNT, default=256, help="tokens per sequence")
     total = batch.add_mutually_exclusive_group()
-    total.add_argument("--global-batch", type=int, help="sequences per optimizer step, all ranks")
-    total.add_argument("--global-batch-tokens", type=int, help="the same, counted in tokens")
+    total.add_argument("--global-batch", type=COUNT, help="sequences per optimizer step, all ranks")
+    total.add_argument("--global-batch-tokens", type=COUNT, help="the same, counted in tokens")
     model = p.add_argument_group("model")
-    model.add_argument("--n-layer", type=int, default=6)
-    model.add_argument("--n-head", type=int, default=6)
-    model.add_argument("--n-embd", type=int, default=384)
-    model.add_argument("--dropout", type=float, default=0.2)
+    model.add_argument("--n-layer", type=COUNT, default=6)
+    model.add_argument("--n-head", type=COUNT, default=6)
+    model.add_argument("--n-embd", type=COUNT, default=384)
+    model.add_argument("--dropout", type=FRACTION, default=0.2)
     model.add_argument("--no-bias", dest="bias", action="store_false")
     opt = p.add_argument_group("optimizer and schedule")
-    opt.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
-    opt.add_argument("--min-lr", type=float, help="end of the cosine (default: lr / 10)")
-    opt.add_argument("--warmup-iters", type=int, default=100)
-    opt.add_argument("--lr-decay-iters", type=int, help="end of the cosine (default: max-iters)")
-    opt.add_argument("--max-iters", type=int, default=5000)
-    opt.add_argument("--weight-decay", type=float, default=0.1)
-    opt.add_argument("--beta1", type=float, default=0.9)
-    opt.add_argument("--beta2", type=float, default=0.99)
-    opt.add_argument("--grad-clip", type=float, default=1.0, help="0 disables clipping")
+    opt.add_argument("--lr", type=POSITIVE, default=1e-3, help="peak learning rate")
+    opt.add_argument("--min-lr", type=NON_NEGATIVE, help="end of the cosine (default: lr / 10)")
+    opt.add_argument("--warmup-iters", type=NATURAL, default=100)
+    opt.add_argument("--lr-decay-iters", type=NATURAL, help="cosine's end (default: max-iters)")
+    opt.add_argument("--max-iters", type=NATURAL, default=5000, help="0 only evaluates")
+    opt.add_argument("--weight-decay", type=NON_NEGATIVE, default=0.1)
+    opt.add_argument("--beta1", type=FRACTION, default=0.9)
+    opt.add_argument("--beta2", type=FRACTION, default=0.99)
+    opt.add_argument("--grad-clip", type=NON_NEGATIVE, default=1.0, help="0 disables clipping")
     log = p.add_argument_group("evaluation and logging")
-    log.add_argument("--eval-interval", type=int, default=250, help="evaluate and save every N")
-    log.add_argument("--eval-iters", type=int, default=200, help="batches per rank and split")
-    log.add_argument("--log-interval", type=int, default=10)
+    log.add_argument("--eval-interval", type=COUNT, default=250, help="evaluate and save every N")
+    log.add_argument("--eval-iters", type=COUNT, default=200, help="batches per rank and split")
+    log.add_argument("--log-interval", type=COUNT, default=10)
     log.add_argument("--tensorboard", action="store_true", help="also write TensorBoard events")
-    log.add_argument("--peak-tflops", type=float, default=312.0, help="per GPU, for MFU (A100)")
+    log.add_argument("--peak-tflops", type=POSITIVE, default=312.0, help="per GPU, for MFU (A100)")
     return p
 
 
@@ -86,6 +117,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 f"--block-size {args.block_size}: a step takes whole sequences."
             )
         args.global_batch = args.global_batch_tokens // args.block_size
+    if args.n_embd % args.n_head:
+        p.error(
+            f"--n-embd {args.n_embd} is not a multiple of --n-head {args.n_head}: each head "
+            "takes n_embd / n_head features."
+        )
     if args.tp is not None and args.strategy != "tp":
         p.error(f"--tp {args.tp} splits layers under --strategy tp only; add --strategy tp.")
     if args.precision is None:
@@ -148,13 +184,15 @@ class Tokens:
         return np.memmap(self.data_dir / f"{name}.bin", dtype=np.uint16, mode="r")
 
     def check(self) -> None:
-        """Fail with the fix when a split is shorter than one window."""
+        """Fail with the fix when a split is shorter than one window. The length comes from
+        the file's size: numpy cannot map an empty file."""
         for name in ("train", "val"):
             path = self.data_dir / f"{name}.bin"
-            if len(self.split(name)) <= self.block_size + 1:
-                raise SystemExit(
-                    f"{path} holds {len(self.split(name))} tokens, too few for one window of "
-                    f"--block-size {self.block_size}: prepare more text or shorten the block."
+            length = path.stat().st_size // np.dtype(np.uint16).itemsize
+            if length <= self.block_size + 1:
+                fail(
+                    f"{path} holds {length} tokens, too few for one window of --block-size "
+                    f"{self.block_size}: prepare more text or shorten the block."
                 )
 
     def batch(
@@ -263,7 +301,6 @@ def train(
     """nanoGPT's loop from ``run.global_step`` to ``--max-iters``: evaluate and save every
     ``--eval-interval`` iterations and at the end."""
     tokens = Tokens(args.data_dir, config.block_size, args.batch_size, run.device)
-    tokens.check()
     best_val_loss = run.extras.get("best_val_loss", float("inf"))
     # Every save follows an evaluation at its step, so a resumed run does not repeat it.
     evaluated = saved = run.global_step if run.resumed_from is not None else None
@@ -307,14 +344,26 @@ def checkpoint_extras(
     return {"model_args": asdict(config), "best_val_loss": best_val_loss, "config": flags}
 
 
+def read_meta(data_dir: Path) -> dict[str, Any]:
+    """``meta.json`` of ``prepare.py``, once its three files are there and the splits hold
+    tokens; checked before the run starts, so that no rank sets anything up for nothing."""
+    for name in ("meta.json", "train.bin", "val.bin"):
+        path = data_dir / name
+        if not path.is_file():
+            fail(f"{path} is missing: run examples/gpt/prepare.py --out-dir {data_dir} first.")
+        if path.stat().st_size == 0:
+            fail(f"{path} is empty: run examples/gpt/prepare.py --out-dir {data_dir} on more text.")
+    meta: dict[str, Any] = json.loads((data_dir / "meta.json").read_text())
+    return meta
+
+
 def main() -> None:
     args = parse_args()
-    meta_path = args.data_dir / "meta.json"
-    if not meta_path.exists():
-        raise SystemExit(f"{meta_path} is missing: run examples/gpt/prepare.py first.")
-    meta = json.loads(meta_path.read_text())
+    meta = read_meta(args.data_dir)
     with pt.Run(**run_settings(args)) as run:
         config = model_config(run, args, meta["vocab_size"])
+        # before the model is built: a split shorter than the checkpoint's or the flags' window
+        Tokens(args.data_dir, config.block_size, args.batch_size, run.device).check()
         model = GPT(config)
         run.print(f"number of parameters: {model.num_params() / 1e6:.2f}M")
         optimizer = model.configure_optimizers(

@@ -18,10 +18,13 @@ best validation Acc@1 so far are also written to ``RUN_DIR/model_best.pt``, a pl
 from __future__ import annotations
 
 import argparse
+import math
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import vision
@@ -31,6 +34,38 @@ from torch.optim.lr_scheduler import StepLR
 import paratrain as pt
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+LAYOUT = (
+    "DIR must hold train/ and val/, one folder of images per class (--evaluate needs only val/)"
+)
+
+
+def fail(message: str) -> NoReturn:
+    """Stop with ``message`` and status 2, as argparse does for a bad flag: bad input, not a bug."""
+    print(message, file=sys.stderr)
+    raise SystemExit(2)
+
+
+def checked(kind: Callable[[str], Any], ok: Callable[[Any], bool], need: str) -> Any:
+    """An argparse type: ``kind(text)`` if ``ok`` holds for it, else a usage error saying what
+    is needed (a zero or a nan would only fail later, with a traceback or a nan loss)."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not ok(value):
+            raise argparse.ArgumentTypeError(f"got {text!r}; pass {need}")
+        return value
+
+    return parse
+
+
+COUNT = checked(int, lambda n: n >= 1, "a whole number of at least 1")
+NATURAL = checked(int, lambda n: n >= 0, "a whole number of at least 0")
+POSITIVE = checked(float, lambda x: 0 < x < math.inf, "a number above 0")
+NON_NEGATIVE = checked(float, lambda x: 0 <= x < math.inf, "a number of at least 0")
+FRACTION = checked(float, lambda x: 0 <= x < 1, "a number from 0 up to (not including) 1")
 
 
 def parse_args() -> argparse.Namespace:
@@ -42,21 +77,21 @@ def parse_args() -> argparse.Namespace:
                    help="path to dataset with train/ and val/ (default: imagenet)")
     p.add_argument("-a", "--arch", metavar="ARCH", default="resnet50", choices=names,
                    help=f"model architecture: {' | '.join(names)} (default: resnet50)")
-    p.add_argument("-j", "--workers", default=None, type=int, metavar="N",
+    p.add_argument("-j", "--workers", default=None, type=NATURAL, metavar="N",
                    help="data loading workers per rank (default: paratrain's: 0 on CPU, "
                         "min(4, cores per rank) on GPUs)")
-    p.add_argument("--epochs", default=90, type=int, metavar="N", help="total epochs to run")
-    p.add_argument("-b", "--batch-size", default=256, type=int, metavar="N",
+    p.add_argument("--epochs", default=90, type=COUNT, metavar="N", help="total epochs to run")
+    p.add_argument("-b", "--batch-size", default=256, type=COUNT, metavar="N",
                    help="global batch over all ranks (default: 256); the world size must "
                         "divide it")
-    p.add_argument("--lr", "--learning-rate", default=0.1, type=float, metavar="LR", dest="lr",
+    p.add_argument("--lr", "--learning-rate", default=0.1, type=POSITIVE, metavar="LR", dest="lr",
                    help="initial learning rate")
-    p.add_argument("--lr-step", default=30, type=int, metavar="N",
+    p.add_argument("--lr-step", default=30, type=COUNT, metavar="N",
                    help="divide the learning rate by 10 every N epochs (default: 30)")
-    p.add_argument("--momentum", default=0.9, type=float, metavar="M", help="momentum")
-    p.add_argument("--wd", "--weight-decay", default=1e-4, type=float, metavar="W",
+    p.add_argument("--momentum", default=0.9, type=FRACTION, metavar="M", help="momentum")
+    p.add_argument("--wd", "--weight-decay", default=1e-4, type=NON_NEGATIVE, metavar="W",
                    dest="weight_decay", help="weight decay (default: 1e-4)")
-    p.add_argument("-p", "--print-freq", default=10, type=int, metavar="N",
+    p.add_argument("-p", "--print-freq", default=10, type=COUNT, metavar="N",
                    help="print frequency in batches (default: 10)")
     p.add_argument("--resume", nargs="?", const="latest", default=None, metavar="PATH",
                    help="continue from the newest checkpoint of the run dir (no PATH), or of "
@@ -73,7 +108,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--channels-last", action="store_true",
                    help="NHWC memory format for the model and images (faster convolutions "
                         "with bf16/fp16 on GPUs)")
-    p.add_argument("--image-size", default=224, type=int, metavar="N",
+    p.add_argument("--image-size", default=224, type=COUNT, metavar="N",
                    help="training crop; validation resizes to N/0.875 and crops N "
                         "(default: 224)")
     p.add_argument("--sync-bn", action="store_true",
@@ -94,6 +129,7 @@ def main() -> None:
     else:
         torch.backends.cudnn.benchmark = True  # fixed image size: pick the fastest kernels once
     resume_dir, expected, weights = resume_source(args.resume)
+    datasets = image_folders(args)  # before the run starts: a wrong DIR fails at once
     with pt.Run(
         precision=args.precision,
         seed=args.seed or 0,
@@ -106,7 +142,7 @@ def main() -> None:
         run.print(f"=> images and models: {vision.BACKEND}")
         if args.resume and weights is None:
             check_checkpoint(run, args.arch, expected)
-        parts = prepare(run, args, weights)
+        parts = prepare(run, args, weights, datasets)
         if (args.resume and weights is None) or run.restart_count > 0:
             run.resume()  # everything registered: weights, optimizer, scheduler, data position
             if run.resumed_from is not None:
@@ -131,10 +167,13 @@ class Parts:
     classes: int
 
 
-def prepare(run: pt.Run, args: argparse.Namespace, weights: Path | None) -> Parts:
-    """Data, model, optimizer and the per-epoch scheduler, registered with ``run``."""
+def prepare(
+    run: pt.Run, args: argparse.Namespace, weights: Path | None, datasets: tuple[Any, Any]
+) -> Parts:
+    """Loaders of ``datasets`` (train, val), model, optimizer and the per-epoch scheduler,
+    registered with ``run``."""
     per_rank = per_rank_batch(args.batch_size, run.data_size)
-    train_set, val_set = image_folders(args)
+    train_set, val_set = datasets
     classes = len(val_set.classes)
     model = build_model(run, args, classes)
     if weights is not None:
@@ -200,7 +239,7 @@ def resume_source(resume: str | None) -> tuple[Path | None, Path | None, Path | 
         return path / "checkpoints", None, None
     if path.is_dir():
         return path, None, None
-    raise SystemExit(f"--resume {resume}: no such file or folder")
+    fail(f"--resume {resume}: no such file or folder")
 
 
 def check_checkpoint(run: pt.Run, arch: str, expected: Path | None) -> None:
@@ -209,14 +248,14 @@ def check_checkpoint(run: pt.Run, arch: str, expected: Path | None) -> None:
     if info is None:
         return
     if expected is not None and info.folder.resolve() != expected.resolve():
-        raise SystemExit(
+        fail(
             f"--resume {expected}: paratrain resumes the newest valid checkpoint of a folder, "
             f"and in {info.folder.parent} that is {info.folder.name}. Pass the folder, or move "
             "the newer checkpoints out of it."
         )
     saved = info.extras.get("arch")
     if saved is not None and saved != arch:
-        raise SystemExit(f"{info.folder} holds a {saved}, not a {arch}: pass -a {saved}")
+        fail(f"{info.folder} holds a {saved}, not a {arch}: pass -a {saved}")
 
 
 def image_folders(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -227,17 +266,28 @@ def image_folders(args: argparse.Namespace) -> tuple[Any, Any]:
                            tf.ToTensor(), normalize])  # fmt: skip
     val_tf = tf.Compose([tf.Resize(int(args.image_size / 0.875)), tf.CenterCrop(args.image_size),
                          tf.ToTensor(), normalize])  # fmt: skip
-    val_set = vision.datasets.ImageFolder(Path(args.data, "val"), val_tf)
+    val_set = image_folder(args.data, "val", val_tf)
     if args.evaluate:
         return None, val_set
-    train_set = vision.datasets.ImageFolder(Path(args.data, "train"), train_tf)
+    train_set = image_folder(args.data, "train", train_tf)
     if train_set.classes != val_set.classes:
-        raise SystemExit(
+        fail(
             f"{args.data}: train/ has {len(train_set.classes)} classes and val/ "
             f"{len(val_set.classes)}, or they are named differently; both need the same class "
             "folders."
         )
     return train_set, val_set
+
+
+def image_folder(data: str, split: str, transform: Any) -> Any:
+    """``DIR/split`` as an ImageFolder; fail with the layout it needs when it is not one."""
+    folder = Path(data, split)
+    if not folder.is_dir():
+        fail(f"{folder if Path(data).is_dir() else data}: no such folder. {LAYOUT}.")
+    try:
+        return vision.datasets.ImageFolder(folder, transform)
+    except FileNotFoundError as err:  # no class folder in it, or a class folder without images
+        fail(f"{str(err).rstrip('.')}. {LAYOUT}.")
 
 
 def build_model(run: pt.Run, args: argparse.Namespace, classes: int) -> nn.Module:
@@ -257,7 +307,7 @@ def build_model(run: pt.Run, args: argparse.Namespace, classes: int) -> nn.Modul
 def per_rank_batch(batch: int, ranks: int) -> int:
     """``-b`` is the global batch, as the original's learning rate assumes."""
     if batch % ranks:
-        raise SystemExit(
+        fail(
             f"-b {batch} is the global batch; it does not divide over {ranks} ranks. Pass a "
             f"multiple of {ranks}, e.g. -b {max(1, batch // ranks) * ranks}."
         )

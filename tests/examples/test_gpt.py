@@ -3,15 +3,18 @@
 Each strategy (ddp, fsdp, tp) trains until the loss falls; the final ``model.pt`` loads into a
 fresh ``GPT`` with plain torch and reproduces the last validation loss the run logged; fsdp
 ends at ddp's weights; a run stopped at iteration 5 and started again ends at the weights of
-the uninterrupted run.
+the uninterrupted run. Bad input (files, flags) stops either script with status 2 and one
+message saying what to do, before anything is written.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -182,3 +185,73 @@ def test_ddp_resume_continues_to_the_uninterrupted_weights(
 def iteration_rows(run_dir: Path) -> list[tuple[int, float, float]]:
     """(iteration, lr, loss) of every iteration the run logged."""
     return [(r["step"], r["lr"], r["loss"]) for r in metrics(run_dir) if "loss" in r]
+
+
+# -- bad input ---------------------------------------------------------------------------------
+PREPARE = "run examples/gpt/prepare.py"
+COUNT = "pass a whole number of at least 1"
+REFUSED = {  # case: (script, its arguments, the message); the `refused` fixture makes the files
+    "prepare-empty": (
+        "prepare.py",
+        ["--input", "empty.txt"],
+        "empty.txt gives 0 characters; train and val need at least one each, so "
+        "--val-fraction 0.1 needs 10 or more",
+    ),
+    "prepare-missing": (
+        "prepare.py",
+        ["--input", "missing.txt"],
+        "cannot read --input missing.txt: No such file or directory",
+    ),
+    "prepare-latin1": (
+        "prepare.py",
+        ["--input", "latin1.txt"],
+        "--input latin1.txt is not UTF-8 text (byte 3 is 0xe9)",
+    ),
+    "train-no-val": ("train.py", ["--data-dir", "no_val"], f"no_val/val.bin is missing: {PREPARE}"),
+    "train-empty": ("train.py", ["--data-dir", "empty"], f"empty/train.bin is empty: {PREPARE}"),
+    "eval-interval": ("train.py", ["--eval-interval", "0"], f"--eval-interval: got '0'; {COUNT}"),
+    "log-interval": ("train.py", ["--log-interval", "0"], f"--log-interval: got '0'; {COUNT}"),
+    "eval-iters": ("train.py", ["--eval-iters", "0"], f"--eval-iters: got '0'; {COUNT}"),
+    "batch-size": ("train.py", ["--batch-size", "0"], f"--batch-size: got '0'; {COUNT}"),
+    "block-size": ("train.py", ["--block-size", "0"], f"--block-size: got '0'; {COUNT}"),
+    "dropout": ("train.py", ["--dropout", "1.5"], "--dropout: got '1.5'; pass a number from 0"),
+}
+
+
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """Every REFUSED case, run four at a time (a start that imports torch takes seconds) in a
+    folder that holds the bad files and nothing else."""
+    root = tmp_path_factory.mktemp("gpt_bad_input")
+    (root / "empty.txt").touch()
+    (root / "latin1.txt").write_bytes("café".encode("latin-1"))
+    for folder in ("no_val", "empty"):
+        (root / folder).mkdir()
+        (root / folder / "meta.json").write_text('{"vocab_size": 1}')
+    (root / "no_val" / "train.bin").write_bytes(bytes(200))  # 100 tokens, and no val.bin
+    (root / "empty" / "train.bin").touch()
+    (root / "empty" / "val.bin").touch()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def run(case: str) -> subprocess.CompletedProcess[str]:
+        script, args, _ = REFUSED[case]
+        command = [sys.executable, str(EXAMPLES / "gpt" / script), *args]
+        return subprocess.run(
+            command, cwd=root, env=env, capture_output=True, text=True, timeout=120
+        )
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return root, dict(zip(REFUSED, pool.map(run, REFUSED), strict=True))
+
+
+@pytest.mark.parametrize("case", REFUSED)
+def test_bad_input_stops_with_one_message(case: str, refused: tuple[Path, dict[str, Any]]) -> None:
+    root, procs = refused
+    proc = procs[case]
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert (proc.returncode, proc.stdout) == (2, "")
+    *usage, message = proc.stderr.strip().splitlines()
+    assert REFUSED[case][2] in message
+    assert all(line.startswith(("usage:", " ")) for line in usage), proc.stderr  # argparse's
+    # nothing written: no token files (data/gpt), no run dir (runs/paratrain)
+    assert not (root / "data").exists() and not (root / "runs").exists()

@@ -2,13 +2,19 @@
 
 The end-to-end tests share one training run (resnet18, 32x32 PNGs of 6 colour classes, 3
 epochs): it is resumed for a 4th epoch, and its best weights are evaluated in a run of their own.
+Bad input (a DIR without the class folders, flags out of range) stops the script with status 2
+and one message saying what to do, before the run starts.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -148,6 +154,54 @@ def test_resume_continues_from_the_saved_epoch(trained: dict[str, Any]) -> None:
     assert rows[-1]["step"] == 20
     assert rows[-1]["lr"] == pytest.approx(0.0002)  # the scheduler came back with the checkpoint
     assert rows[-1]["best_acc1"] >= trained["extras"]["best_acc1"]
+
+
+# -- bad input ---------------------------------------------------------------------------------
+LAYOUT = "DIR must hold train/ and val/, one folder of images per class"
+COUNT = "pass a whole number of at least 1"
+REFUSED = {  # case: (arguments, the message); the `refused` fixture makes the folders
+    "no-dir": (["nowhere"], f"nowhere: no such folder. {LAYOUT}"),
+    "no-images": (["no_images", "--evaluate"], "Found no valid file for the classes a"),
+    "epochs": (["--epochs", "0"], f"argument --epochs: got '0'; {COUNT}"),
+    "batch-size": (["-b", "0"], f"argument -b/--batch-size: got '0'; {COUNT}"),
+    "lr": (["--lr", "0"], "argument --lr/--learning-rate: got '0'; pass a number above 0"),
+    "workers": (["-j", "-1"], "argument -j/--workers: got '-1'; pass a whole number of at least 0"),
+    "image-size": (["--image-size", "0"], f"argument --image-size: got '0'; {COUNT}"),
+    "print-freq": (["-p", "0"], f"argument -p/--print-freq: got '0'; {COUNT}"),
+}
+
+
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """Every REFUSED case, run four at a time (a start that imports torch takes seconds) in a
+    folder that holds the bad folders and nothing else."""
+    root = tmp_path_factory.mktemp("imagenet_bad_input")
+    (root / "no_images" / "val" / "a").mkdir(parents=True)
+    (root / "no_images" / "val" / "a" / "notes.txt").write_text("not an image")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def run(case: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, str(EXAMPLES / SCRIPT), *REFUSED[case][0]]
+        return subprocess.run(
+            command, cwd=root, env=env, capture_output=True, text=True, timeout=120
+        )
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return root, dict(zip(REFUSED, pool.map(run, REFUSED), strict=True))
+
+
+@pytest.mark.parametrize("case", REFUSED)
+def test_bad_input_stops_with_one_message(case: str, refused: tuple[Path, dict[str, Any]]) -> None:
+    root, procs = refused
+    proc = procs[case]
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert (proc.returncode, proc.stdout) == (2, "")
+    *usage, message = proc.stderr.strip().splitlines()
+    assert REFUSED[case][1] in message
+    assert all(line.startswith(("usage:", " ")) for line in usage), proc.stderr  # argparse's
+    if case.startswith("no-"):  # the fix: the layout DIR needs
+        assert message.endswith(f"{LAYOUT} (--evaluate needs only val/).")
+    assert not (root / "runs").exists(), "the run never started"
 
 
 # -- the built-in pieces (used when torchvision does not import) ----------------------------------
