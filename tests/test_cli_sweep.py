@@ -115,6 +115,8 @@ def _argv(command: tuple[str, ...], data: st.DataObject) -> list[str]:
         if not action.option_strings:  # positional
             if action.dest in ("target",):
                 tail += ["train.py"]
+            elif action.dest == "command":  # serve: none (the servers), or a command
+                tail += data.draw(st.sampled_from([[], ["--"], ["true"], ["--", ""], [""]]))
             elif action.dest == "module":
                 continue
             else:
@@ -142,6 +144,12 @@ def _run(argv: list[str]) -> tuple[str, str]:
         mock.patch("paratrain.demo.command.subprocess.run", _reach),
         mock.patch("paratrain.bench.command.run_plan", _reach),
         mock.patch("paratrain.doctor.measure.measure_all", _reach),
+        # serve: its command would replace this process and its servers would run until a
+        # signal; as the image's user (not root), so that the checks before them are swept
+        mock.patch("paratrain.serve.command.os.execvp", _reach),
+        mock.patch("paratrain.serve.command._supervise", _reach),
+        mock.patch("paratrain.serve.command.os.geteuid", lambda: 1000),
+        mock.patch.dict("os.environ", {"HOME": str(Path.cwd())}),
     ]
     with contextlib.ExitStack() as stack:
         for p in patches:
@@ -158,7 +166,9 @@ def _run(argv: list[str]) -> tuple[str, str]:
 
 
 def test_every_subcommand_is_swept() -> None:
-    assert {c[0] for c in COMMANDS if c} >= {"doctor", "monitor", "demo", "ckpt", "bench", "run"}
+    assert {c[0] for c in COMMANDS if c} >= {
+        "doctor", "monitor", "demo", "ckpt", "bench", "run", "serve"
+    }  # fmt: skip
     assert ("ckpt", "convert") in COMMANDS
 
 

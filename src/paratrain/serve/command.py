@@ -88,14 +88,15 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def run_serve(args: argparse.Namespace) -> int:
     """Exec the command, or start the servers and watch them until a signal."""
-    if args.command:
-        command = args.command[1:] if args.command[0] == "--" else args.command
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if command:
         try:
             os.execvp(command[0], command)
-        except OSError as err:
+        except (OSError, ValueError) as err:
+            why = err.strerror if isinstance(err, OSError) else str(err)
             raise ConfigError(
-                f"paratrain serve: cannot run {command[0]!r} ({err.strerror}). Check the "
-                "command's name and that it is installed in the image."
+                f"paratrain serve: cannot run {command[0]!r} ({why}). Check the command's name "
+                "and that it is installed in the image."
             ) from None
     if os.geteuid() == 0:
         raise ConfigError(
@@ -115,6 +116,10 @@ def run_serve(args: argparse.Namespace) -> int:
 
 def _servers(args: argparse.Namespace) -> list[Server]:
     root = args.root_dir or (Path("/workspace") if Path("/workspace").is_dir() else Path.cwd())
+    if not root.is_dir():
+        raise ConfigError(
+            f"--root-dir {root}: no such folder. Pass an existing folder for Jupyter."
+        )
     key_files = args.authorized_keys or [p.expanduser() for p in DEFAULT_KEY_FILES]
     for path in args.authorized_keys or ():
         if not path.is_file():

@@ -111,8 +111,14 @@ def ssh_server(s: Settings) -> Server | None:
             "openssh-server`; the image has it) or pass --no-ssh."
         )
     state = s.state_dir / "ssh"
-    state.mkdir(parents=True, exist_ok=True, mode=0o700)
-    state.chmod(0o700)
+    try:
+        state.mkdir(parents=True, exist_ok=True, mode=0o700)
+        state.chmod(0o700)
+    except OSError as err:
+        raise ConfigError(
+            f"--state-dir {s.state_dir}: cannot make {state} ({err.strerror}). Pass a folder this "
+            "user can write (a volume keeps the host key across restarts)."
+        ) from None
     host_key = state / "ssh_host_ed25519_key"
     if not host_key.exists():
         subprocess.run(
@@ -141,7 +147,16 @@ def ssh_server(s: Settings) -> Server | None:
 
 def _collect_keys(s: Settings) -> list[str]:
     """Public-key lines from the files and ``SSH_AUTHORIZED_KEYS``; anything else is an error."""
-    sources = [(str(p), p.read_text()) for p in s.authorized_keys if p.is_file()]
+    sources = []
+    for path in s.authorized_keys:
+        if path.is_file():
+            try:
+                sources.append((str(path), path.read_text()))
+            except (OSError, UnicodeDecodeError) as err:
+                raise ConfigError(
+                    f"{path}: cannot be read as a file of public keys ({err}). Mount the "
+                    "contents of a .pub file there."
+                ) from None
     sources.append(("SSH_AUTHORIZED_KEYS", s.keys_from_env))
     keys: list[str] = []
     for where, text in sources:
