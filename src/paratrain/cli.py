@@ -7,6 +7,7 @@ paratrain ckpt inspect PATH       # understand, verify, convert, diff checkpoint
 paratrain bench                   # throughput / memory / scaling vs a hand-written loop
 paratrain monitor RUN_DIR         # live per-GPU and per-rank view of a running job
 paratrain serve                   # the container's entrypoint: Jupyter (token) and SSH (keys)
+paratrain check PATH...           # find multi-GPU mistakes in training scripts (never runs them)
 paratrain --version
 """
 
@@ -43,6 +44,7 @@ def _unavailable(name: str, err: BaseException) -> Any:
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every subcommand registered."""
+    from paratrain.check.command import add_parser as add_check
     from paratrain.doctor.command import add_parser as add_doctor
     from paratrain.monitor.command import add_parser as add_monitor
     from paratrain.serve.command import add_parser as add_serve
@@ -56,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_doctor(subparsers)
     add_monitor(subparsers)
     add_serve(subparsers)
+    add_check(subparsers)
     for name, module in COMMANDS.items():
         try:
             importlib.import_module(module).add_parser(subparsers)

@@ -1,0 +1,75 @@
+"""How a check report is written: ruff-like text, a JSON list, or SARIF 2.1.0 for code hosts.
+
+print(as_text(report))
+print(json.dumps(as_json(report), indent=2))
+print(json.dumps(as_sarif(report, rules), indent=2))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+from paratrain.check.engine import Report
+from paratrain.check.findings import Rule
+from paratrain.version import __version__
+
+SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
+
+
+def as_text(report: Report) -> str:
+    """``path:line:col: PT001 message``, the fix and the paratrain call below, then a count."""
+    out: list[str] = []
+    for f in report.findings:
+        out.append(f"{f.path}:{f.line}:{f.col}: {f.rule} {f.message}")
+        out.append(f"    fix: {f.fix}")
+        if f.api:
+            out.append(f"    paratrain: {f.api}")
+    scripts = f"{report.files} script{'s' * (report.files != 1)}"
+    if report.findings:
+        count = len(report.findings)
+        where = len({f.path for f in report.findings})
+        out.append(f"Found {count} problem{'s' * (count != 1)} in {where} of {scripts} checked.")
+    else:
+        out.append(f"No problems found in {scripts} checked.")
+    return "\n".join(out)
+
+
+def as_json(report: Report) -> list[dict[str, Any]]:
+    """The findings as a list of objects (rule, path, line, col, message, fix, api)."""
+    return [asdict(f) for f in report.findings]
+
+
+def as_sarif(report: Report, rules: Sequence[Rule]) -> dict[str, Any]:
+    """A SARIF 2.1.0 log with one run: the rules checked and a result per finding."""
+    index = {r.id: i for i, r in enumerate(rules)}
+    driver = {
+        "name": "paratrain",
+        "version": __version__,
+        "rules": [
+            {"id": r.id, "name": r.name, "shortDescription": {"text": r.summary}} for r in rules
+        ],
+    }
+    results = [
+        {
+            "ruleId": f.rule,
+            "ruleIndex": index[f.rule],
+            "level": "warning",
+            "message": {"text": f"{f.message}. Fix: {f.fix}"},
+            "locations": [
+                {
+                    "physicalLocation": {
+                        "artifactLocation": {"uri": f.path},
+                        "region": {"startLine": f.line, "startColumn": f.col},
+                    }
+                }
+            ],
+        }
+        for f in report.findings
+    ]
+    return {
+        "$schema": SARIF_SCHEMA,
+        "version": "2.1.0",
+        "runs": [{"tool": {"driver": driver}, "results": results}],
+    }

@@ -1,0 +1,130 @@
+"""Rules about devices: which GPU a process uses, and tensors that never reach it.
+
+PT001 the global rank used as a CUDA device; PT002 ``x.to(device)`` whose result is dropped.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator, Sequence
+
+from paratrain.check.findings import Finding, rule
+from paratrain.check.patterns import LoopTarget, ModuleFacts, dotted, keyword, module_facts
+
+DEVICE_CALLS = {"torch.cuda.set_device", "torch.device", "torch.cuda.device"}
+WRAPPERS = ("DistributedDataParallel", "FullyShardedDataParallel")
+TENSOR_FACTORIES = {
+    "tensor", "as_tensor", "from_numpy", "randn", "rand", "randint", "randperm", "zeros", "ones",
+    "empty", "full", "arange", "linspace", "zeros_like", "ones_like", "empty_like", "full_like",
+    "rand_like", "randn_like", "stack", "cat",
+}  # fmt: skip
+MOVES = {"to", "cuda"}
+
+
+def _rank_device_uses(facts: ModuleFacts) -> Iterator[ast.AST]:
+    """Expressions that give the global rank where a device (index) is expected."""
+    for call, qual in facts.calls():
+        method = call.func.attr if isinstance(call.func, ast.Attribute) else ""
+        candidates: list[ast.expr] = []
+        if qual in DEVICE_CALLS:
+            candidates += call.args[-1:] if qual == "torch.device" else call.args[:1]
+        elif method in MOVES and not qual.startswith("torch."):
+            candidates += call.args[:1]
+        if qual.endswith(WRAPPERS):
+            ids = keyword(call, "device_ids")
+            if isinstance(ids, (ast.List, ast.Tuple)):
+                candidates += ids.elts
+            candidates += [v for v in [keyword(call, "output_device")] if v is not None]
+        candidates += [v for v in [keyword(call, "device")] if v is not None]
+        yield from (c for c in candidates if facts.is_global_rank(c))
+    for node in ast.walk(facts.tree):
+        if isinstance(node, ast.JoinedStr) and len(node.values) >= 2:
+            head, value = node.values[0], node.values[1]
+            cuda = isinstance(head, ast.Constant) and str(head.value).endswith("cuda:")
+            if cuda and isinstance(value, ast.FormattedValue) and facts.is_global_rank(value.value):
+                yield node
+
+
+@rule("PT001", "rank-as-device", "the global rank is used as a CUDA device index")
+def rank_as_device(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
+    """``torch.cuda.set_device(rank)`` with ``rank = dist.get_rank()`` (or ``$RANK``).
+
+    The global rank counts processes across all machines; GPUs are numbered per machine. On the
+    second node rank 4 asks for cuda:4 on a 4-GPU machine ("invalid device ordinal"), and where
+    ranks and GPUs differ in number two processes share one GPU.
+    """
+    uses: dict[str, list[ast.AST]] = {}
+    for node in _rank_device_uses(module_facts(tree)):
+        value = node.values[1].value if isinstance(node, ast.JoinedStr) else node  # type: ignore[attr-defined]
+        uses.setdefault(dotted(value) or f"@{id(node)}", []).append(node)
+    for nodes in uses.values():  # one finding per rank variable, at its first use as a device
+        first = min(nodes, key=lambda n: (getattr(n, "lineno", 0), getattr(n, "col_offset", 0)))
+        more = f" (and {len(nodes) - 1} more use(s) below)" if len(nodes) > 1 else ""
+        yield Finding.at(
+            "PT001",
+            first,
+            message="the global rank is used as a GPU index: on a second machine it names a GPU "
+            "that does not exist there (invalid device ordinal), or two processes share a "
+            f"GPU{more}",
+            fix='use the local rank: local_rank = int(os.environ["LOCAL_RANK"]); '
+            "torch.cuda.set_device(local_rank)",
+            api="pt.Run() (picks cuda:<local rank> and moves the model with run.setup(model))",
+        )
+
+
+def _from_loader(facts: ModuleFacts, iterable: ast.expr) -> bool:
+    """``loader`` / ``enumerate(loader)`` where loader is a DataLoader (or named like one)."""
+    if isinstance(iterable, ast.Call) and facts.qualname(iterable.func) == "enumerate":
+        iterable = iterable.args[0] if iterable.args else iterable
+    key = dotted(iterable)
+    if key is None:
+        return False
+    built = [o for o in facts.origins.get(key, []) if isinstance(o, ast.Call)]
+    if any(facts.qualname(o.func).endswith("DataLoader") for o in built):
+        return True
+    geometric = any(q.startswith("torch_geometric") for q in facts.aliases.values())
+    return not geometric and key.rsplit(".", 1)[-1].lower().endswith("loader")
+
+
+def _is_tensor(facts: ModuleFacts, key: str) -> bool:
+    """Every binding of ``key`` makes a tensor: a factory, a moved copy, a batch from a loader."""
+    origins = facts.origins.get(key, [])
+
+    def tensor(origin: object) -> bool:
+        if isinstance(origin, LoopTarget):
+            return origin.unpacked and _from_loader(facts, origin.iterable)
+        if not isinstance(origin, ast.Call):
+            return False
+        qual = facts.qualname(origin.func)
+        if qual.startswith("torch.") and qual.rsplit(".", 1)[-1] in TENSOR_FACTORIES:
+            return True
+        func = origin.func
+        return isinstance(func, ast.Attribute) and func.attr in MOVES and dotted(func.value) == key
+
+    return bool(origins) and all(tensor(o) for o in origins)
+
+
+@rule("PT002", "move-result-dropped", "`x.to(device)` on a tensor whose result is thrown away")
+def move_result_dropped(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
+    """``data.to(device)`` as a statement: tensors are not moved in place (modules are).
+
+    The tensor stays on the CPU; the forward pass then fails with "Expected all tensors to be on
+    the same device", or, when everything else is on the CPU too, the GPU is never used.
+    """
+    facts = module_facts(tree)
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)):
+            continue
+        func = node.value.func
+        if not (isinstance(func, ast.Attribute) and func.attr in MOVES):
+            continue
+        key = dotted(func.value)
+        if key is not None and _is_tensor(facts, key):
+            yield Finding.at(
+                "PT002",
+                node,
+                message=f"`{key}.{func.attr}(...)` returns a moved copy and the copy is dropped: "
+                f"`{key}` stays where it was (tensors, unlike modules, do not move in place)",
+                fix=f"assign the result: {key} = {ast.unparse(node.value)}",
+                api="run.loader(dataset, ...) (its batches arrive on this rank's device)",
+            )

@@ -1,0 +1,205 @@
+"""Rules about saving and loading: files that load back anywhere, onto the right device.
+
+PT006 the state dict of a DDP/DataParallel wrapper (``module.`` keys); PT007 a whole pickled
+module; PT008 ``torch.load`` without ``weights_only=True``; PT009 ``torch.load`` without
+``map_location`` in a distributed script.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator, Sequence
+
+from paratrain.check.findings import Finding, rule
+from paratrain.check.patterns import ModuleFacts, dotted, has_star_kwargs, keyword, module_facts
+
+WRAPPERS = ("DistributedDataParallel", ".DataParallel")
+SELF_RETURNING = {"to", "cuda", "cpu", "train", "eval", "half", "float", "double", "bfloat16"}
+NOT_MODULES = {"Parameter", "Buffer"}
+TYPE_TESTS = ("isinstance", "hasattr")
+
+
+def _saves(facts: ModuleFacts) -> Iterator[ast.Call]:
+    for call, qual in facts.calls():
+        if qual == "torch.save" and call.args:
+            yield call
+
+
+def _is_wrapper(facts: ModuleFacts, origin: object) -> bool:
+    return isinstance(origin, ast.Call) and facts.qualname(origin.func).endswith(WRAPPERS)
+
+
+def _type_tested(facts: ModuleFacts, node: ast.AST, key: str) -> bool:
+    """Under ``if isinstance(model, ...)`` / ``hasattr(model, "module")``: the author checked."""
+    for _, parent in facts.ancestors(node):
+        if isinstance(parent, (ast.If, ast.IfExp)):
+            for call in ast.walk(parent.test):
+                if not (isinstance(call, ast.Call) and call.args):
+                    continue
+                if dotted(call.func) in TYPE_TESTS and dotted(call.args[0]) == key:
+                    return True
+    return False
+
+
+@rule("PT006", "wrapped-state-dict", "the state dict of a DDP/DataParallel wrapper is saved")
+def wrapped_state_dict(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
+    """``torch.save(model.state_dict(), path)`` where ``model = DDP(model)``.
+
+    Every key then starts with ``module.``; loading the file into the plain model fails with
+    "Unexpected key(s) in state_dict: module.…".
+    """
+    facts = module_facts(tree)
+    for save in _saves(facts):
+        for node in ast.walk(save.args[0]):
+            func = node.func if isinstance(node, ast.Call) else None
+            if not (isinstance(func, ast.Attribute) and func.attr == "state_dict"):
+                continue
+            key = dotted(func.value)
+            origins = facts.origins.get(key, []) if key else []
+            wrapped = any(_is_wrapper(facts, o) for o in origins)
+            if key and wrapped and not _type_tested(facts, save, key):
+                yield Finding.at(
+                    "PT006",
+                    node,
+                    message=f"`{key}` is a DDP/DataParallel wrapper: every saved key starts "
+                    "with `module.` and load_state_dict on the plain model fails "
+                    "(Unexpected key(s) in state_dict)",
+                    fix=f"save the wrapped model's own weights: {key}.module.state_dict()",
+                    api="run.save_weights(model, path)",
+                )
+
+
+def _module_classes(facts: ModuleFacts) -> set[str]:
+    """Classes of this file that derive from nn.Module (directly or through each other)."""
+    found: set[str] = set()
+    classes = [n for n in ast.walk(facts.tree) if isinstance(n, ast.ClassDef)]
+    grew = True
+    while grew:
+        grew = False
+        for cls in classes:
+            bases = {facts.qualname(b) for b in cls.bases}
+            if cls.name not in found and (
+                "torch.nn.Module" in bases or "torch.nn.modules.module.Module" in bases
+                or bases & found
+            ):  # fmt: skip
+                found.add(cls.name)
+                grew = True
+    return found
+
+
+def _unchained(call: ast.Call) -> ast.Call:
+    """``Net().to(device).train()`` -> ``Net()``: these methods return the module itself."""
+    func = call.func
+    while isinstance(func, ast.Attribute) and func.attr in SELF_RETURNING:
+        if not isinstance(func.value, ast.Call):
+            break
+        call = func.value
+        func = call.func
+    return call
+
+
+def _makes_module(facts: ModuleFacts, call: ast.Call, classes: set[str]) -> bool:
+    call = _unchained(call)
+    qual = facts.qualname(call.func)
+    last = qual.rsplit(".", 1)[-1]
+    if qual in classes or qual.startswith("torchvision.models."):
+        return True
+    layer = qual.startswith("torch.nn.") and not qual.startswith("torch.nn.functional")
+    return layer and last[:1].isupper() and last not in NOT_MODULES
+
+
+def _module_like(facts: ModuleFacts, origin: object, key: str | None, classes: set[str]) -> bool:
+    """``origin`` gives a module: a constructor, a wrapper, or ``key.to(...)`` of itself."""
+    if not isinstance(origin, ast.Call):
+        return False
+    origin = _unchained(origin)
+    func = origin.func
+    if isinstance(func, ast.Attribute) and func.attr in SELF_RETURNING:
+        return dotted(func.value) == key
+    return _makes_module(facts, origin, classes) or _is_wrapper(facts, origin)
+
+
+@rule("PT007", "pickled-module", "a whole nn.Module is saved with torch.save (pickled code)")
+def pickled_module(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
+    """``torch.save(model, path)`` with ``model = MyModel()``.
+
+    The file pickles the class by its import path: it loads only where the same code sits at the
+    same module path, and torch >= 2.6 refuses it by default (``weights_only=True``).
+    """
+    facts = module_facts(tree)
+    classes = _module_classes(facts)
+    for save in _saves(facts):
+        key = dotted(save.args[0])
+        origins = facts.origins.get(key, []) if key else []
+        made = [o for o in origins if isinstance(o, ast.Call) and _makes_module(facts, o, classes)]
+        if made and all(_module_like(facts, o, key, classes) for o in origins):
+            yield Finding.at(
+                "PT007",
+                save,
+                message=f"`{key}` is a whole nn.Module: the file pickles its class by import "
+                "path, loads only next to the same code, and torch >= 2.6 refuses it by default",
+                fix=f"torch.save({key}.state_dict(), path) and load with "
+                "model.load_state_dict(torch.load(path, weights_only=True))",
+                api="run.save_weights(model, path)",
+            )
+
+
+def _loads(facts: ModuleFacts) -> Iterator[ast.Call]:
+    for call, qual in facts.calls():
+        if qual == "torch.load" and not has_star_kwargs(call):
+            yield call
+
+
+@rule("PT008", "load-unsafe", "torch.load without weights_only=True")
+def load_unsafe(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
+    """``torch.load(path)``: what it unpickles depends on the torch version.
+
+    Before torch 2.6 it unpickles anything, so a checkpoint can run code; from 2.6 on the same
+    line refuses files holding anything but tensors and plain containers. An explicit
+    ``weights_only=False`` is a decision and is not flagged.
+    """
+    for call in _loads(module_facts(tree)):
+        if keyword(call, "weights_only") is None:
+            yield Finding.at(
+                "PT008",
+                call,
+                message="torch.load without weights_only: before torch 2.6 it unpickles any "
+                "object (a file can run code), from 2.6 on the same line refuses such files",
+                fix="torch.load(path, map_location=..., weights_only=True)",
+                api="run.resume() (restores model, optimizer and loop state)",
+            )
+
+
+def _in_memory(facts: ModuleFacts, call: ast.Call) -> bool:
+    """``torch.load(io.BytesIO(...))`` or a name bound only to ``io.BytesIO(...)``."""
+    source = call.args[0] if call.args else keyword(call, "f")
+    key = dotted(source) if source is not None else None
+    origins = facts.origins.get(key, []) if key else [source]
+    return bool(origins) and all(
+        isinstance(o, ast.Call) and facts.qualname(o.func) == "io.BytesIO" for o in origins
+    )
+
+
+@rule("PT009", "load-no-map-location", "torch.load without map_location in a distributed script")
+def load_no_map_location(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
+    """``torch.load(path)`` in a script with several processes.
+
+    Tensors come back on the device they were saved from, usually cuda:0: every rank fills GPU 0
+    (out of memory there, and slow).
+    """
+    facts = module_facts(tree)
+    if not facts.uses_distributed():
+        return
+    for call in _loads(facts):
+        if _in_memory(facts, call):
+            continue  # bytes this process just wrote
+        if keyword(call, "map_location") is None and len(call.args) < 2:
+            yield Finding.at(
+                "PT009",
+                call,
+                message="torch.load without map_location puts the tensors back on the GPU they "
+                "were saved from (usually cuda:0): every rank allocates on GPU 0",
+                fix='torch.load(path, map_location="cpu", weights_only=True) (or '
+                'map_location=f"cuda:{local_rank}")',
+                api="run.resume() (loads onto this rank's device)",
+            )

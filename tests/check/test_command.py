@@ -1,0 +1,116 @@
+"""``paratrain check`` end to end, in-process: output forms, flags and exit codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from paratrain.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+BAD = "import torch\nscaler = torch.cuda.amp.GradScaler()\nx = torch.load('m.pt')\n"
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "train.py"
+    path.write_text(BAD)
+    return path
+
+
+def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    try:
+        code = main(["check", *argv])
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else 1
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_text_output_names_place_rule_fix_and_api(
+    script: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = _run([str(script)], capsys)
+    lines = out.splitlines()
+    assert code == 1
+    assert lines[0].startswith(f"{script.as_posix()}:2:10: PT012 GradScaler from torch.cuda.amp")
+    assert lines[1] == '    fix: use torch.amp.GradScaler("cuda")'
+    assert lines[2].startswith("    paratrain: pt.Run(precision=")
+    assert lines[-1] == "Found 2 problems in 1 of 1 script checked."
+
+
+def test_clean_script_exits_0(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "ok.py").write_text("import torch\nx = torch.ones(2)\n")
+    assert _run([str(tmp_path)], capsys)[:2] == (0, "No problems found in 1 script checked.\n")
+
+
+def test_json_is_a_list_of_findings(script: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(["--json", str(script)], capsys)
+    found = json.loads(out)
+    assert code == 1
+    assert [(f["rule"], f["line"], f["col"]) for f in found] == [("PT012", 2, 10), ("PT008", 3, 5)]
+    assert set(found[0]) == {"rule", "path", "line", "col", "message", "fix", "api"}
+
+
+def test_sarif_has_the_driver_rules_and_located_results(
+    script: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = _run(["--sarif", "--select", "pt012,PT008", str(script)], capsys)
+    log = json.loads(out)
+    run = log["runs"][0]
+    assert code == 1 and log["version"] == "2.1.0"
+    assert run["tool"]["driver"]["name"] == "paratrain"
+    assert [r["id"] for r in run["tool"]["driver"]["rules"]] == ["PT008", "PT012"]
+    assert all(r["shortDescription"]["text"] for r in run["tool"]["driver"]["rules"])
+    first = run["results"][0]
+    location = first["locations"][0]["physicalLocation"]
+    assert first["ruleId"] == "PT012" and first["message"]["text"]
+    assert location["artifactLocation"]["uri"] == script.as_posix()
+    assert location["region"] == {"startLine": 2, "startColumn": 10}
+
+
+def test_select_and_ignore(script: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(["--json", "--select", "PT012", str(script)], capsys)
+    assert [f["rule"] for f in json.loads(out)] == ["PT012"]
+    code, out, _ = _run(["--json", "--ignore", "PT012,PT008", str(script)], capsys)
+    assert (code, json.loads(out)) == (0, [])
+
+
+@pytest.mark.parametrize("flag", ["--select", "--ignore"])
+def test_unknown_rule_ids_list_the_valid_ones(
+    script: Path, flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = _run([flag, "PT001,PT999", str(script)], capsys)
+    assert code == 2
+    assert "PT999: not a rule id" in err and "PT001, PT002" in err and "Traceback" not in err
+
+
+def test_missing_path_and_broken_script_end_without_traceback(
+    tmp_path: Path, script: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = _run([str(tmp_path / "nope.py")], capsys)
+    assert code == 2 and "no such file or folder" in err and "Traceback" not in err
+    code, _, err = _run([" "], capsys)
+    assert code == 2 and "empty path" in err
+    broken = tmp_path / "broken.py"
+    broken.write_text("for x in :\n")
+    code, out, err = _run([str(broken), str(script)], capsys)
+    assert code == 2 and "Traceback" not in err
+    assert f"paratrain: error: {broken}:1:" in err and "cannot parse" in err
+    assert "PT012" in out  # the other script is still checked
+
+
+def test_examples_are_clean_but_the_seed_originals(capsys: pytest.CaptureFixture[str]) -> None:
+    """The ``*_original.py`` seeds keep the tutorials' mistakes on purpose; the rest is clean."""
+    code, out, _ = _run(["--json", str(REPO / "examples")], capsys)
+    by_file: dict[str, set[str]] = {}
+    for f in json.loads(out):
+        by_file.setdefault(Path(f["path"]).name, set()).add(f["rule"])
+    assert code == 1
+    assert by_file == {
+        "dataparallel_original.py": {"PT012", "PT014"},
+        "resnet_ddp_original.py": {"PT001"},
+        "torchrun_template_original.py": {"PT001", "PT005"},
+    }

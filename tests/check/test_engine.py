@@ -1,0 +1,64 @@
+"""Reading scripts, folders and ignore comments."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from paratrain.check.engine import check_paths
+from paratrain.errors import ConfigError
+
+BAD = "import torch\nscaler = torch.cuda.amp.GradScaler()\n"
+
+
+def test_ignore_comments_silence_one_rule_or_all(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\n"
+        "a = torch.cuda.amp.GradScaler()  # paratrain: ignore[PT012]\n"
+        "b = torch.cuda.amp.GradScaler()  # paratrain: ignore[PT001, PT006]\n"
+        "c = torch.load('m.pt')  # paratrain: ignore\n"
+    )
+    assert [(f.rule, f.line) for f in check_paths([script]).findings] == [("PT012", 3)]
+
+
+def test_folders_give_their_scripts_sorted_and_findings_are_sorted(tmp_path: Path) -> None:
+    (tmp_path / "b.py").write_text(BAD)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "a.py").write_text("x = torch.load('m')\n" + BAD)
+    (tmp_path / ".venv").mkdir()
+    (tmp_path / ".venv" / "c.py").write_text(BAD)
+    report = check_paths([tmp_path])
+    where = [(Path(f.path).name, f.line, f.rule) for f in report.findings]
+    assert where == [("b.py", 2, "PT012"), ("a.py", 1, "PT008"), ("a.py", 3, "PT012")]
+    assert report.files == 2
+
+
+def test_select_limits_the_rules(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("x = torch.load('m')\n" + BAD)
+    assert {f.rule for f in check_paths([tmp_path], select={"PT012"}).findings} == {"PT012"}
+
+
+def test_broken_scripts_are_error_lines_and_the_rest_is_checked(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("def f(:\n")
+    (tmp_path / "b.py").write_bytes(b"x = '\xff\xfe'\n")
+    (tmp_path / "c.py").write_text(BAD)
+    report = check_paths([tmp_path])
+    assert [f.rule for f in report.findings] == ["PT012"]
+    assert len(report.errors) == 2
+    assert (
+        report.errors[0].startswith(f"{tmp_path / 'a.py'}:1:")
+        and "cannot parse" in (report.errors[0])
+    )
+    assert "not UTF-8" in report.errors[1]
+
+
+def test_a_missing_path_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"missing\.py: no such file or folder"):
+        check_paths([tmp_path / "missing.py"])
+
+
+def test_a_folder_without_scripts_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"no \.py files"):
+        check_paths([tmp_path])
