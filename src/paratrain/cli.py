@@ -42,8 +42,13 @@ def _unavailable(name: str, err: BaseException) -> Any:
     return handler
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The top-level parser with every subcommand registered."""
+LIGHT = ("check", "doctor", "monitor", "serve")
+"""Commands that do not import torch: run alone, they start without loading the others."""
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The top-level parser with every subcommand registered (or just ``only``, one of
+    :data:`LIGHT`, so that ``paratrain check`` does not pay for importing torch)."""
     from paratrain.check.command import add_parser as add_check
     from paratrain.doctor.command import add_parser as add_doctor
     from paratrain.monitor.command import add_parser as add_monitor
@@ -55,10 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"paratrain {__version__}")
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
-    add_doctor(subparsers)
-    add_monitor(subparsers)
-    add_serve(subparsers)
-    add_check(subparsers)
+    light = {"doctor": add_doctor, "monitor": add_monitor, "serve": add_serve, "check": add_check}
+    for name, add in light.items():
+        if only is None or name == only:
+            add(subparsers)
+    if only in light:
+        return parser
     for name, module in COMMANDS.items():
         try:
             importlib.import_module(module).add_parser(subparsers)
@@ -91,8 +98,9 @@ def _refuse_empty_values(parser: argparse.ArgumentParser, args: argparse.Namespa
 
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen command; return its exit code."""
-    parser = build_parser()
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv[0] if argv and argv[0] in LIGHT else None)
+    args = parser.parse_args(argv)
     _refuse_empty_values(parser, args)
     handler = getattr(args, "handler", None)
     if handler is None:

@@ -35,10 +35,13 @@ def test_text_output_names_place_rule_fix_and_api(
     code, out, _ = _run([str(script)], capsys)
     lines = out.splitlines()
     assert code == 1
-    assert lines[0].startswith(f"{script.as_posix()}:2:10: PT012 GradScaler from torch.cuda.amp")
+    assert lines[0].startswith(
+        f"{script.as_posix()}:2:10: PT012 [*] GradScaler from torch.cuda.amp"
+    )
     assert lines[1] == '    fix: use torch.amp.GradScaler("cuda")'
     assert lines[2].startswith("    paratrain: pt.Run(precision=")
-    assert lines[-1] == "Found 2 problems in 1 of 1 script checked."
+    assert lines[-2] == "Found 2 problems in 1 of 1 script checked."
+    assert lines[-1] == "[*] 2 fixable with --fix (see them first with --diff)."
 
 
 def test_clean_script_exits_0(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -40,7 +40,9 @@ READ_ENV = ("os.environ.get", "os.getenv")
 
 @dataclass(frozen=True, slots=True)
 class LoopTarget:
-    """The name is bound by ``for ... in iterable`` (``unpacked``: as part of a tuple)."""
+    """The name is bound by ``for ... in iterable`` (``unpacked``: as part of a tuple the item
+    is unpacked into; ``for i, (x, y) in enumerate(it)`` unpacks the item, ``for i, b in ...``
+    does not)."""
 
     iterable: ast.expr
     unpacked: bool
@@ -122,13 +124,17 @@ class ModuleFacts:
     def __init__(self, tree: ast.Module) -> None:
         self.tree = tree
         self.aliases = _imports(tree)
+        self.nodes: list[ast.AST] = list(ast.walk(tree))
+        """Every node, in ``ast.walk`` order (walked once, shared by the rules)."""
         self.parents: dict[ast.AST, ast.AST] = {}
-        for node in ast.walk(tree):
+        self.origins: dict[str, list[Origin]] = defaultdict(list)
+        self._calls: list[tuple[ast.Call, str]] = []
+        for node in self.nodes:
             for child in ast.iter_child_nodes(node):
                 self.parents[child] = node
-        self.origins: dict[str, list[Origin]] = defaultdict(list)
-        for node in ast.walk(tree):
             self._collect(node)
+            if isinstance(node, ast.Call):
+                self._calls.append((node, self.qualname(node.func)))
 
     def _bind(self, target: ast.AST, origin: Origin) -> None:
         key = dotted(target)
@@ -154,8 +160,16 @@ class ModuleFacts:
         elif isinstance(node, ast.AugAssign):
             self._bind(node.target, Opaque())
         elif isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
-            unpacked = isinstance(node.target, (ast.Tuple, ast.List))
-            self._bind(node.target, LoopTarget(node.iter, unpacked))
+            target = node.target
+            counted = (
+                isinstance(node.iter, ast.Call) and self.qualname(node.iter.func) == "enumerate"
+            )
+            if counted and isinstance(target, (ast.Tuple, ast.List)) and len(target.elts) == 2:
+                # `for i, batch in enumerate(loader)`: a counter, then the whole item
+                self._bind(target.elts[0], Opaque())
+                target = target.elts[1]
+            unpacked = isinstance(target, (ast.Tuple, ast.List))
+            self._bind(target, LoopTarget(node.iter, unpacked))
         elif isinstance(node, ast.withitem) and node.optional_vars is not None:
             self._bind(node.optional_vars, Opaque())
         elif isinstance(node, ast.arg):
@@ -172,9 +186,7 @@ class ModuleFacts:
 
     def calls(self) -> Iterator[tuple[ast.Call, str]]:
         """Every call in the module with the qualified name of what it calls."""
-        for node in ast.walk(self.tree):
-            if isinstance(node, ast.Call):
-                yield node, self.qualname(node.func)
+        yield from self._calls
 
     def ancestors(self, node: ast.AST) -> Iterator[tuple[ast.AST, ast.AST]]:
         """(child, parent) pairs from ``node`` up to the module."""

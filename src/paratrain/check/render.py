@@ -7,7 +7,7 @@ print(json.dumps(as_sarif(report, rules), indent=2))
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -18,11 +18,13 @@ from paratrain.version import __version__
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 
 
-def as_text(report: Report) -> str:
-    """``path:line:col: PT001 message``, the fix and the paratrain call below, then a count."""
+def as_text(report: Report, fixable: Collection[tuple[str, str, int, int]] = ()) -> str:
+    """``path:line:col: PT001 message``, the fix and the paratrain call below, then a count;
+    ``[*]`` marks the findings in ``fixable`` ((path, rule, line, col) that ``--fix`` rewrites)."""
     out: list[str] = []
     for f in report.findings:
-        out.append(f"{f.path}:{f.line}:{f.col}: {f.rule} {f.message}")
+        mark = " [*]" if (f.path, f.rule, f.line, f.col) in fixable else ""
+        out.append(f"{f.path}:{f.line}:{f.col}: {f.rule}{mark} {f.message}")
         out.append(f"    fix: {f.fix}")
         if f.api:
             out.append(f"    paratrain: {f.api}")
@@ -31,6 +33,9 @@ def as_text(report: Report) -> str:
         count = len(report.findings)
         where = len({f.path for f in report.findings})
         out.append(f"Found {count} problem{'s' * (count != 1)} in {where} of {scripts} checked.")
+        marked = sum((f.path, f.rule, f.line, f.col) in fixable for f in report.findings)
+        if marked:
+            out.append(f"[*] {marked} fixable with --fix (see them first with --diff).")
     else:
         out.append(f"No problems found in {scripts} checked.")
     return "\n".join(out)

@@ -97,7 +97,7 @@ def removed_pipe(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
 
     The import fails with ModuleNotFoundError; ``torch.distributed.pipelining`` replaces it.
     """
-    for node in ast.walk(tree):
+    for node in module_facts(tree).nodes:
         names: list[str] = []
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names = [node.module]

@@ -127,7 +127,7 @@ def no_set_epoch(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
     """
     facts = module_facts(tree)
     loaders = _loader_samplers(facts)
-    for epoch_loop in ast.walk(tree):
+    for epoch_loop in module_facts(tree).nodes:
         if not _is_epoch_loop(facts, epoch_loop):
             continue
         if any(_is_epoch_loop(facts, up) for _, up in facts.ancestors(epoch_loop)):

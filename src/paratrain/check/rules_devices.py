@@ -37,7 +37,7 @@ def _rank_device_uses(facts: ModuleFacts) -> Iterator[ast.AST]:
             candidates += [v for v in [keyword(call, "output_device")] if v is not None]
         candidates += [v for v in [keyword(call, "device")] if v is not None]
         yield from (c for c in candidates if facts.is_global_rank(c))
-    for node in ast.walk(facts.tree):
+    for node in facts.nodes:
         if isinstance(node, ast.JoinedStr) and len(node.values) >= 2:
             head, value = node.values[0], node.values[1]
             cuda = isinstance(head, ast.Constant) and str(head.value).endswith("cuda:")
@@ -112,7 +112,7 @@ def move_result_dropped(tree: ast.Module, lines: Sequence[str]) -> Iterator[Find
     the same device", or, when everything else is on the CPU too, the GPU is never used.
     """
     facts = module_facts(tree)
-    for node in ast.walk(tree):
+    for node in module_facts(tree).nodes:
         if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)):
             continue
         func = node.value.func

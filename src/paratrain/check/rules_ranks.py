@@ -97,7 +97,7 @@ def collective_on_one_rank(tree: ast.Module, lines: Sequence[str]) -> Iterator[F
     the next collective.
     """
     facts = module_facts(tree)
-    for node in ast.walk(tree):
+    for node in module_facts(tree).nodes:
         name = _collective_name(facts, node)
         if name is None or not facts.main_only(node):
             continue

@@ -72,7 +72,7 @@ def wrapped_state_dict(tree: ast.Module, lines: Sequence[str]) -> Iterator[Findi
 def _module_classes(facts: ModuleFacts) -> set[str]:
     """Classes of this file that derive from nn.Module (directly or through each other)."""
     found: set[str] = set()
-    classes = [n for n in ast.walk(facts.tree) if isinstance(n, ast.ClassDef)]
+    classes = [n for n in facts.nodes if isinstance(n, ast.ClassDef)]
     grew = True
     while grew:
         grew = False
@@ -119,9 +119,18 @@ def _module_like(facts: ModuleFacts, origin: object, key: str | None, classes: s
     return _makes_module(facts, origin, classes) or _is_wrapper(facts, origin)
 
 
+def _unbound_model(facts: ModuleFacts, node: ast.expr) -> bool:
+    """A ``model`` (``*model``) name the file never binds nor imports: a tutorial's fragment."""
+    if not (isinstance(node, ast.Name) and node.id.lower().endswith("model")):
+        return False
+    imports = [n for n in facts.nodes if isinstance(n, ast.ImportFrom)]
+    star = any(a.name == "*" for n in imports for a in n.names)  # could bind anything
+    return node.id not in facts.aliases and not star
+
+
 @rule("PT007", "pickled-module", "a whole nn.Module is saved with torch.save (pickled code)")
 def pickled_module(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
-    """``torch.save(model, path)`` with ``model = MyModel()``.
+    """``torch.save(model, path)`` with ``model = MyModel()`` (or a ``model`` never bound here).
 
     The file pickles the class by its import path: it loads only where the same code sits at the
     same module path, and torch >= 2.6 refuses it by default (``weights_only=True``).
@@ -132,7 +141,9 @@ def pickled_module(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
         key = dotted(save.args[0])
         origins = facts.origins.get(key, []) if key else []
         made = [o for o in origins if isinstance(o, ast.Call) and _makes_module(facts, o, classes)]
-        if made and all(_module_like(facts, o, key, classes) for o in origins):
+        if (made and all(_module_like(facts, o, key, classes) for o in origins)) or (
+            not origins and _unbound_model(facts, save.args[0])
+        ):
             yield Finding.at(
                 "PT007",
                 save,
