@@ -79,3 +79,15 @@ def test_assigned_moves_and_modules_moved_in_place_are_fine() -> None:
             batch.to(device)
     """
     assert flagged(good, "PT002") == []
+
+
+def test_the_whole_item_of_an_enumerated_loader_is_not_taken_for_a_tensor() -> None:
+    """``for step, batch in enumerate(loader)``: a counter and the whole batch (a dict, a
+    BatchEncoding, which ``.to()`` moves in place); ``(x, y)`` after the counter are tensors."""
+    source = """
+        for step, batch in enumerate(train_dataloader):
+            batch.to(accelerator.device)
+        for i, (x, y) in enumerate(train_loader):
+            x.to(device)
+    """
+    assert flagged(source, "PT002") == [5]

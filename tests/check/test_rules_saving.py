@@ -80,3 +80,19 @@ def test_torch_load_without_map_location_in_a_distributed_script() -> None:
     assert flagged(source, "PT009") == [5]
     single = source.replace("import torch.distributed as dist", "")
     assert flagged(single, "PT009") == []
+
+
+def test_a_model_the_fragment_never_binds_is_taken_for_a_module() -> None:
+    """Tutorials show ``torch.save(model, 'model.pkl')`` alone; a bound or imported name, or one
+    a star import may bind, keeps needing a module origin."""
+    assert flagged("import torch\ntorch.save(model, 'model.pkl')\n", "PT007") == [2]
+    good = """
+        import torch
+        from mypkg import model
+        torch.save(model, "a.pt")
+        torch.save(state, "b.pt")
+        def save(ddp_model):
+            torch.save(ddp_model, "c.pt")
+    """
+    assert flagged(good, "PT007") == []
+    assert flagged("import torch\nfrom mypkg import *\ntorch.save(model, 'm.pt')\n", "PT007") == []
