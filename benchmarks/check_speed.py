@@ -60,8 +60,12 @@ def main() -> None:
         start = time.perf_counter()
         report = check_paths([script])
         inside = time.perf_counter() - start
+        command = [sys.executable, "-m", "paratrain", "check", str(script)]
+        once = subprocess.run(command, capture_output=True, text=True)
+        if once.returncode not in (0, 1) or "checked" not in once.stdout:
+            raise SystemExit(f"paratrain check failed ({once.returncode}):\n{once.stderr}")
         bare = median_run([sys.executable, "-c", "pass"])
-        full = median_run([sys.executable, "-m", "paratrain", "check", str(script)])
+        full = median_run(command)
     beyond = full - bare
     print(f"script: {n} lines, {len(report.findings)} findings")
     print(f"python -c pass:            {bare:.3f} s (median of 7)")

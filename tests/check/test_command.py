@@ -114,6 +114,6 @@ def test_examples_are_clean_but_the_seed_originals(capsys: pytest.CaptureFixture
     assert code == 1
     assert by_file == {
         "dataparallel_original.py": {"PT012", "PT014"},
-        "resnet_ddp_original.py": {"PT001"},
+        "resnet_ddp_original.py": {"PT001", "PT020"},
         "torchrun_template_original.py": {"PT001", "PT005"},
     }

@@ -358,7 +358,8 @@ EXCERPTS = [
     # `model.state_dict()` of the wrapper goes through save_checkpoint: its keys carry
     # `module.`, but PT006 reads torch.save's own argument, and this script resumes into the
     # same wrapper, so it is not flagged. set_epoch is called; save_checkpoint runs on one
-    # rank per node and is not a training function (PT010 looks inside those).
+    # rank per node and is not a training function (PT010 looks inside those). main_worker
+    # runs once per rank, so its unguarded print comes out world-size times.
     excerpt(
         "pytorch/examples imagenet/main.py",
         "pytorch/examples imagenet/main.py @ 77f55b912142e11fcfdf5b530231fb9c52f181e8",
@@ -368,6 +369,7 @@ EXCERPTS = [
         ("PT008", "checkpoint = torch.load(args.resume)"),
         ("PT009", "checkpoint = torch.load(args.resume)"),
         ("PT008", "checkpoint = torch.load(args.resume, map_location=loc)"),
+        ("PT016", "print('using CPU, this will be slow')"),
     ),
     # LOCAL_RANK everywhere, the inner module's weights saved on local rank 0, set_epoch on the
     # loader's sampler: only the load misses weights_only.

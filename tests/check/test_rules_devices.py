@@ -91,3 +91,33 @@ def test_the_whole_item_of_an_enumerated_loader_is_not_taken_for_a_tensor() -> N
             x.to(device)
     """
     assert flagged(source, "PT002") == [5]
+
+
+def test_nccl_without_a_fallback_is_found() -> None:
+    bad = """
+    import torch.distributed as dist
+    dist.init_process_group("nccl")
+    dist.init_process_group(
+        backend="nccl", init_method="env://")
+    """
+    assert flagged(bad, "PT017") == [3, 5]
+
+
+def test_nccl_with_a_fallback_or_on_gpus_anyway_is_fine() -> None:
+    fallback = """
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+    """
+    gpu_only = """
+    import os
+    import torch.distributed as dist
+    dist.init_process_group("nccl")
+    model = model.to(f"cuda:{os.environ['LOCAL_RANK']}")
+    """
+    chosen = """
+    import torch.distributed as dist
+    dist.init_process_group(backend=args.backend)
+    """
+    for good in (fallback, gpu_only, chosen):
+        assert flagged(good, "PT017") == []

@@ -87,3 +87,93 @@ def test_collectives_on_every_rank_are_fine() -> None:
 """
     )
     assert flagged(good, "PT011") == []
+
+
+def test_print_on_every_rank_is_found() -> None:
+    bad = (
+        HEAD
+        + """
+    def train(model):
+        for batch in loader:
+            loss = model(batch)
+            loss.backward()
+            print("loss", loss.item())
+"""
+    )
+    assert flagged(bad, "PT016") == [11]
+
+
+def test_guarded_or_per_rank_prints_are_fine() -> None:
+    good = (
+        HEAD
+        + """
+    rank = dist.get_rank()
+    for batch in loader:
+        loss = model(batch)
+        loss.backward()
+        if rank == 0:
+            print("loss", loss.item())
+        print(f"rank {rank}: {len(batch)} samples")
+
+    def report(loss):
+        print(loss)
+"""
+    )
+    assert flagged(good, "PT016") == []
+    assert flagged("import torch\nloss.backward()\nprint(loss)\n", "PT016") == []
+
+
+def test_rank_in_minus_one_or_zero_is_a_main_guard() -> None:
+    good = (
+        HEAD
+        + """
+    loss.backward()
+    if args.local_rank in [-1, 0]:
+        print(loss.item())
+        torch.save(model.state_dict(), "model.pth")
+"""
+    )
+    assert flagged(good, "PT016") == flagged(good, "PT010") == []
+
+
+VALIDATE = """
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, DistributedSampler
+    dist.init_process_group("nccl")
+    sampler = DistributedSampler(val_set)
+    val_loader = DataLoader(val_set, batch_size=64, sampler=sampler)
+
+    def validate(model, rank):
+        correct, total, total_loss = 0, 0, 0.0
+        for x, y in val_loader:
+            out = model(x)
+            correct += (out.argmax(1) == y).sum().item()
+            total += y.size(0)
+            total_loss += loss_fn(out, y).item()
+        acc = correct / total
+        if rank == 0:
+            print(f"accuracy {acc:.3f}")
+            print("loss", total_loss / len(val_loader))
+"""
+
+
+def test_a_metric_of_rank_zeros_shard_is_found() -> None:
+    assert flagged(VALIDATE, "PT020") == [18, 19]
+
+
+def test_reduced_or_unsharded_metrics_are_fine() -> None:
+    reduced = VALIDATE.replace(
+        "        acc = correct / total\n",
+        "        t = torch.tensor([correct, total])\n"
+        "        dist.all_reduce(t)\n"
+        "        correct, total = t.tolist()\n"
+        "        acc = correct / total\n",
+    )
+    unsharded = VALIDATE.replace("sampler=sampler", "shuffle=False")
+    on_rank_zero = VALIDATE.replace(
+        "        correct, total, total_loss",
+        "        if rank != 0:\n            return\n        correct, total, total_loss",
+    )
+    for good in (reduced, unsharded, on_rank_zero):
+        assert flagged(good, "PT020") == []

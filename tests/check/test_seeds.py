@@ -393,7 +393,7 @@ SNIPPETS = [
             x = checkpoint(self.layer2, x)
             return self.layer3(x)
     """),
-    row(S002, "ResNet-50 case study (not warned about: the global rank as the GPU)", """
+    row(S002, "ResNet-50 case study (not warned about: the global rank as GPU, rank 0's loss)", """
         import torch
         import torch.nn as nn
         import torch.optim as optim
@@ -439,7 +439,7 @@ SNIPPETS = [
                 running_loss += loss.item()
             if local_rank == 0:
                 print(f"Epoch {epoch+1}, Loss: {running_loss / len(dataloader):.4f}")
-    """, "PT001"),
+    """, "PT001", "PT020"),
     # 003: "多GPU加速训练技巧" (a checklist for multi-GPU training; inline code only).
     row(S003, "bad: DataParallel", """
         model = torch.nn.DataParallel(model)
@@ -497,6 +497,45 @@ SNIPPETS = [
             writer = SummaryWriter("runs")
             torch.save(model.module.state_dict(), "model.pth")
     """, from_text=True),
+    row(S003, "bad: every rank prints the log", """
+        dist.init_process_group("nccl")
+        model = DDP(model, device_ids=[local_rank])
+        for batch in loader:
+            loss = model(batch)
+            loss.backward()
+            print(loss.item())
+    """, "PT016", from_text=True),
+    row(S003, "bad: accuracy counted per rank and reported by rank 0 without all_reduce", """
+        dist.init_process_group("nccl")
+        model = DDP(model, device_ids=[local_rank])
+        loader = DataLoader(dataset, sampler=DistributedSampler(dataset))
+        for x, y in loader:
+            correct += (model(x).argmax(1) == y).sum().item()
+            total += y.size(0)
+        if dist.get_rank() == 0:
+            print(correct / total)
+    """, "PT020", from_text=True),
+    row(S003, "fixed: the counts all_reduced before rank 0 reports them", """
+        dist.init_process_group("nccl")
+        model = DDP(model, device_ids=[local_rank])
+        loader = DataLoader(dataset, sampler=DistributedSampler(dataset))
+        for x, y in loader:
+            correct += (model(x).argmax(1) == y).sum().item()
+            total += y.size(0)
+        counts = torch.tensor([correct, total], device=local_rank)
+        torch.distributed.all_reduce(counts)
+        if dist.get_rank() == 0:
+            print(counts[0].item() / counts[1].item())
+    """, from_text=True),
+    row(S003, "fixed: only rank 0 prints the log", """
+        dist.init_process_group("nccl")
+        model = DDP(model, device_ids=[local_rank])
+        for batch in loader:
+            loss = model(batch)
+            loss.backward()
+            if dist.get_rank() == 0:
+                print(loss.item())
+    """, from_text=True),
     # 004: "PyTorch-CUDA-v2.9镜像中的分布式训练配置模板" (a DDP template for a CUDA image).
     row(S004, "one training step on one device", """
         import torch
@@ -543,6 +582,14 @@ SNIPPETS = [
     row(S004, "torch.cuda.amp.GradScaler, as its tips say (not warned about: deprecated)", """
         scaler = torch.cuda.amp.GradScaler()
     """, "PT012", from_text=True),
+    row(S004, "bad: logs on every rank (its tips: log only when rank == 0)", """
+        dist.init_process_group("nccl", rank=rank, world_size=world_size)
+        ddp_model = DDP(model, device_ids=[local_rank])
+        for step in range(100):
+            loss = loss_fn(ddp_model(data), target)
+            loss.backward()
+            print(f"Step {step}, Loss: {loss.item():.4f}")
+    """, "PT016", from_text=True),
     row(S004, "fixed: the DDP template with mp.spawn, rank 0 logs", """
         import os
         import torch
@@ -592,10 +639,6 @@ class Gap(NamedTuple):
     why: str
 
 
-PRINT_ON_EVERY_RANK = (
-    "print on every rank: the same line once per rank. Not a rule: harmless, and a rank's own "
-    "line (its batch size, its GPU) is often what is meant; PT010 covers the writes that break"
-)
 GAPS = [
     Gap(S000, "`data.to(device)` written alone, the result dropped",
         "nothing in the fragment says `data` is a tensor: modules move in place and return "
@@ -637,12 +680,8 @@ GAPS = [
         "file; PT001 flags a wrong set_device"),
     Gap(S003, "the loss not a scalar, or on another GPU, at loss.backward()",
         "shapes and devices are run-time values"),
-    Gap(S003, "metrics (accuracy) not all_reduced across ranks",
-        "which numbers are per-rank and which are meant global is intent, not a pattern"),
-    Gap(S003, "every rank prints the log", PRINT_ON_EVERY_RANK),
     Gap(S003, "validation: the sampler's drop_last", "padding or dropping the last samples "
         "changes the metric slightly; both are legitimate choices"),
-    Gap(S004, "every rank prints the log", PRINT_ON_EVERY_RANK),
     Gap(S004, "NCCL across GPUs with different drivers; multi-node MASTER_ADDR and SSH",
         "the machines' setup, not the script"),
     Gap(S004, "the global batch not kept equal to single-GPU runs (per-GPU batch x GPUs)",

@@ -22,11 +22,18 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from paratrain.check import rules_apis, rules_data, rules_devices, rules_ranks, rules_saving
+from paratrain.check import (
+    rules_apis,
+    rules_data,
+    rules_devices,
+    rules_ranks,
+    rules_saving,
+    rules_steps,
+)
 from paratrain.check.findings import RULES, Finding, Rule
 from paratrain.errors import ConfigError
 
-RULE_MODULES = (rules_devices, rules_data, rules_saving, rules_ranks, rules_apis)
+RULE_MODULES = (rules_devices, rules_data, rules_saving, rules_ranks, rules_apis, rules_steps)
 IGNORE = re.compile(r"#\s*paratrain:\s*ignore(?:\[(?P<ids>[^\]]*)\])?", re.IGNORECASE)
 
 

@@ -68,22 +68,25 @@ class _Offsets:
 
 def edits_for(tree: ast.Module, text: str, findings: Iterable[Finding]) -> list[Edit]:
     """The edits that fix ``findings`` of one script (those it knows how to fix)."""
+    return [edit for _, edit in _fixes(tree, text, findings)]
+
+
+def _fixes(tree: ast.Module, text: str, findings: Iterable[Finding]) -> list[tuple[Finding, Edit]]:
     where = _Offsets(text)
     nodes: dict[tuple[int, int], list[ast.AST]] = {}
     for node in ast.walk(tree):
         if isinstance(node, (ast.Expr, ast.Call)):
             nodes.setdefault((node.lineno, node.col_offset + 1), []).append(node)
-    edits: list[Edit] = []
+    fixes: list[tuple[Finding, Edit]] = []
     for finding in findings:
-        edit = None
         if finding.rule not in FIXABLE:
             continue
         for node in nodes.get((finding.line, finding.col), []):
             edit = _edit(finding.rule, node, text, where)
             if edit is not None:
-                edits.append(edit)
+                fixes.append((finding, edit))
                 break
-    return edits
+    return fixes
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,14 +115,9 @@ def plan(findings: Sequence[Finding]) -> list[Planned]:
             continue  # changed since it was checked: leave it
         bom = "\ufeff" if old.startswith("\ufeff") else ""
         body = old.removeprefix(bom)
-        fixed: set[tuple[str, str, int, int]] = set()
-        edits: list[Edit] = []
-        for f in found:
-            edit = edits_for(tree, body, [f])
-            if edit:
-                edits += edit
-                fixed.add((f.path, f.rule, f.line, f.col))
-        new = bom + apply(body, edits)
+        fixes = _fixes(tree, body, found)
+        fixed = {(f.path, f.rule, f.line, f.col) for f, _ in fixes}
+        new = bom + apply(body, [edit for _, edit in fixes])
         if new != old:
             planned.append(Planned(path, old, new, frozenset(fixed)))
     return planned

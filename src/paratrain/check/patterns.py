@@ -124,14 +124,15 @@ class ModuleFacts:
     def __init__(self, tree: ast.Module) -> None:
         self.tree = tree
         self.aliases = _imports(tree)
-        self.nodes: list[ast.AST] = list(ast.walk(tree))
+        self.nodes: list[ast.AST] = [tree]
         """Every node, in ``ast.walk`` order (walked once, shared by the rules)."""
         self.parents: dict[ast.AST, ast.AST] = {}
         self.origins: dict[str, list[Origin]] = defaultdict(list)
         self._calls: list[tuple[ast.Call, str]] = []
-        for node in self.nodes:
+        for node in self.nodes:  # grows as it goes: breadth first, as ast.walk
             for child in ast.iter_child_nodes(node):
                 self.parents[child] = node
+                self.nodes.append(child)
             self._collect(node)
             if isinstance(node, ast.Call):
                 self._calls.append((node, self.qualname(node.func)))
@@ -255,6 +256,11 @@ class ModuleFacts:
         return True if last_name(test) in MAIN_NAMES else None
 
     def _rank_comparison(self, left: ast.expr, op: ast.cmpop, right: ast.expr) -> bool | None:
+        if isinstance(op, ast.In) and isinstance(right, (ast.List, ast.Tuple, ast.Set)):
+            # `local_rank in [-1, 0]`: the main process, or a run without distributed
+            values = [ast.literal_eval(e) if _is_number(e) else None for e in right.elts]
+            main = 0 in values and all(v in (0, -1) for v in values)
+            return True if main and self.is_rank_like(left) else None
         if is_const(left, 0):
             left, right = right, left
             op = {ast.Lt: ast.Gt(), ast.Gt: ast.Lt()}.get(type(op), op)
@@ -291,6 +297,13 @@ class ModuleFacts:
             and isinstance(stmt.body[-1], exits)
             and self.main_test(stmt.test) is False
         )
+
+
+def _is_number(node: ast.expr) -> bool:
+    """``0`` or ``-1``: a literal int, negated or not."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        node = node.operand
+    return isinstance(node, ast.Constant) and type(node.value) is int
 
 
 def _env_key(facts: ModuleFacts, node: ast.AST) -> str | None:

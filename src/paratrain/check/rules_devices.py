@@ -1,6 +1,7 @@
 """Rules about devices: which GPU a process uses, and tensors that never reach it.
 
-PT001 the global rank used as a CUDA device; PT002 ``x.to(device)`` whose result is dropped.
+PT001 the global rank used as a CUDA device; PT002 ``x.to(device)`` whose result is dropped;
+PT017 the NCCL backend in a script that would otherwise run without GPUs.
 """
 
 from __future__ import annotations
@@ -128,3 +129,53 @@ def move_result_dropped(tree: ast.Module, lines: Sequence[str]) -> Iterator[Find
                 fix=f"assign the result: {key} = {ast.unparse(node.value)}",
                 api="run.loader(dataset, ...) (its batches arrive on this rank's device)",
             )
+
+
+OTHER_BACKENDS = ("gloo", "mpi", "ucc")
+
+
+def _has_fallback(facts: ModuleFacts) -> bool:
+    """The script tests for a GPU, names a backend other than NCCL, or needs CUDA anyway.
+
+    A script that already calls ``torch.cuda.*``, ``.cuda()``, names a ``"cuda..."`` device or
+    passes ``device_ids`` is GPU-only by design: gloo would not make it run without GPUs.
+    """
+    for node in facts.nodes:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            text = node.value.lower()
+            if any(b in text for b in OTHER_BACKENDS) or text.startswith("cuda"):
+                return True
+        elif isinstance(node, ast.Call):
+            qual = facts.qualname(node.func)
+            method = node.func.attr if isinstance(node.func, ast.Attribute) else ""
+            if qual.startswith("torch.cuda.") or method == "cuda":
+                return True
+        elif isinstance(node, ast.keyword) and node.arg == "device_ids":
+            return True
+    return False
+
+
+@rule("PT017", "nccl-only", "init_process_group with NCCL and no fallback for machines w/o GPUs")
+def nccl_only(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
+    """``dist.init_process_group("nccl")`` in a script that never tests for a GPU.
+
+    NCCL runs on GPUs only: on a machine without them (a laptop, a CPU CI runner) the script
+    stops at once ("ProcessGroupNCCL is only supported with GPUs, no GPUs found!").
+    """
+    facts = module_facts(tree)
+    if _has_fallback(facts):
+        return
+    for call, qual in facts.calls():
+        if not qual.endswith("init_process_group"):
+            continue
+        backend = keyword(call, "backend") or (call.args[0] if call.args else None)
+        if not (isinstance(backend, ast.Constant) and backend.value == "nccl"):
+            continue
+        yield Finding.at(
+            "PT017",
+            backend,
+            message='the "nccl" backend needs GPUs: on a machine without them this fails '
+            '("ProcessGroupNCCL is only supported with GPUs")',
+            fix='backend="nccl" if torch.cuda.is_available() else "gloo"',
+            api="pt.Run() (picks nccl on GPUs, gloo elsewhere)",
+        )

@@ -1,7 +1,8 @@
 """Rules about what one rank does and the others do not.
 
 PT010 files written by every rank in a distributed training function; PT011 a collective that
-only the main process reaches (the others never join it: a hang).
+only the main process reaches (the others never join it: a hang); PT016 prints in a distributed
+training function that every rank runs; PT020 an average rank 0 reports from its own shard only.
 """
 
 from __future__ import annotations
@@ -10,7 +11,14 @@ import ast
 from collections.abc import Iterator, Sequence
 
 from paratrain.check.findings import Finding, rule
-from paratrain.check.patterns import ModuleFacts, module_facts, own_nodes
+from paratrain.check.patterns import (
+    ModuleFacts,
+    dotted,
+    keyword,
+    last_name,
+    module_facts,
+    own_nodes,
+)
 
 COLLECTIVES = {
     "all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor", "all_to_all",
@@ -114,4 +122,155 @@ def collective_on_one_rank(tree: ast.Module, lines: Sequence[str]) -> Iterator[F
             "so it waits until the timeout (a hang)",
             fix=f"call dist.{name}(...) on every rank, before or after the rank-0 block",
             api="run.reduce(tensor, 'mean') (called by every rank)",
+        )
+
+
+def _prints_own_rank(facts: ModuleFacts, call: ast.Call) -> bool:
+    """``print(f"rank {rank}: ...")``: a rank's own line is meant."""
+    args = [*call.args, *(k.value for k in call.keywords)]
+    return any(facts.is_rank_like(n) for arg in args for n in ast.walk(arg))
+
+
+@rule("PT016", "every-rank-prints", "print in distributed training code outside a rank-0 guard")
+def every_rank_prints(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
+    """``print(loss)`` run by every rank of a distributed script: each line once per rank.
+
+    The log is world-size copies of every line, interleaved. A print that names the rank
+    (``print(f"rank {rank} ...")``) is taken as meant per rank and left alone.
+    """
+    facts = module_facts(tree)
+    if not any(q.endswith("init_process_group") for _, q in facts.calls()):
+        return
+    for scope in _training_scopes(facts):
+        for node in own_nodes(scope):
+            if not (isinstance(node, ast.Call) and facts.qualname(node.func) == "print"):
+                continue
+            if facts.main_only(node) or _prints_own_rank(facts, node):
+                continue
+            yield Finding.at(
+                "PT016",
+                node,
+                message="every rank runs this print: each line appears once per rank, interleaved",
+                fix="print on the main process only: if dist.get_rank() == 0: print(...)",
+                api="run.print(...) (rank 0 prints)",
+            )
+
+
+REPORTS = {"log", "info", "add_scalar", "add_scalars"}
+
+
+def _is_report(facts: ModuleFacts, call: ast.Call) -> bool:
+    if facts.qualname(call.func) == "print":
+        return True
+    return isinstance(call.func, ast.Attribute) and call.func.attr in REPORTS
+
+
+def _sharded_loader(facts: ModuleFacts, iterable: ast.expr) -> bool:
+    """``for b in loader`` (or ``enumerate(loader)``) where ``loader`` has a ``sampler=``."""
+    while isinstance(iterable, ast.Call) and not facts.qualname(iterable.func).endswith(
+        "DataLoader"
+    ):
+        if not iterable.args:
+            return False
+        iterable = iterable.args[0]
+    key = dotted(iterable)
+    origins = facts.origins.get(key, []) if key else [iterable]
+    return bool(origins) and all(
+        isinstance(o, ast.Call)
+        and facts.qualname(o.func).endswith("DataLoader")
+        and _distributed_sampler(facts, keyword(o, "sampler"))
+        for o in origins
+    )
+
+
+def _distributed_sampler(facts: ModuleFacts, sampler: ast.expr | None) -> bool:
+    """``DistributedSampler(...)``, or a name bound to one (on some path)."""
+    if sampler is None:
+        return False
+    key = dotted(sampler)
+    origins = facts.origins.get(key, []) if key else [sampler]
+    return any(
+        isinstance(o, ast.Call) and facts.qualname(o.func).endswith("DistributedSampler")
+        for o in origins
+    )
+
+
+def _summed_over_shard(facts: ModuleFacts, name: str, scope: ast.AST) -> bool:
+    """``name += ...`` on every rank, in a loop over a loader with a (distributed) sampler."""
+    for node in own_nodes(scope):
+        if not (
+            isinstance(node, ast.AugAssign)
+            and isinstance(node.op, ast.Add)
+            and dotted(node.target) == name
+        ):
+            continue
+        if facts.main_only(node):
+            continue
+        loops = [p for _, p in facts.ancestors(node) if isinstance(p, (ast.For, ast.AsyncFor))]
+        if any(_sharded_loader(facts, loop.iter) for loop in loops):
+            return True
+    return False
+
+
+def _combines_anything(facts: ModuleFacts) -> bool:
+    """Some reduce or gather is called anywhere: the counts may be combined through a tensor
+    made from them (``t = torch.tensor([correct, total]); dist.all_reduce(t)``), which the
+    names alone do not show."""
+    for call, _ in facts.calls():
+        func = last_name(call.func).lower()
+        if "reduce" in func or "gather" in func:
+            return True
+    return False
+
+
+def _averages(facts: ModuleFacts, value: ast.AST) -> Iterator[ast.BinOp]:
+    """The divisions ``value`` shows or its name was assigned from."""
+    key = dotted(value)
+    origins: list[object] = list(facts.origins.get(key, [])) if key else [value]
+    if not origins or not all(
+        isinstance(o, ast.BinOp) and isinstance(o.op, ast.Div) for o in origins
+    ):
+        return
+    for origin in origins:
+        assert isinstance(origin, ast.BinOp)
+        yield origin
+
+
+def _shard_average(facts: ModuleFacts, call: ast.Call) -> ast.BinOp | None:
+    """The average ``call`` reports that no rank shares with the others, or None."""
+    scope = facts.scope_of(call)
+    args = [*call.args, *(k.value for k in call.keywords)]
+    for value in (n for a in args for n in ast.walk(a)):
+        for division in _averages(facts, value):
+            summed = {d for n in ast.walk(division.left) if (d := dotted(n)) is not None}
+            if any(_summed_over_shard(facts, s, scope) for s in summed):
+                return division
+    return None
+
+
+@rule("PT020", "metric-from-one-rank", "rank 0 reports an average of its own shard only")
+def metric_from_one_rank(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
+    """``if rank == 0: print(correct / total)`` where every rank summed only its own shard.
+
+    Each rank counts the batches its DistributedSampler gave it; without an all_reduce the
+    number rank 0 reports is the accuracy (or loss) of 1/world-size of the data.
+    """
+    facts = module_facts(tree)
+    distributed = any(q.endswith("init_process_group") for _, q in facts.calls())
+    if not distributed or _combines_anything(facts):
+        return
+    for call, _ in facts.calls():
+        if not (_is_report(facts, call) and facts.main_only(call)):
+            continue
+        division = _shard_average(facts, call)
+        if division is None:
+            continue
+        yield Finding.at(
+            "PT020",
+            call,
+            message=f"`{ast.unparse(division)}` is summed over this rank's shard only: "
+            "rank 0 reports 1/world-size of the data",
+            fix="sum the counts over the ranks first: dist.all_reduce(t) on a tensor of "
+            "[sum, count], then divide",
+            api="run.reduce(tensor, 'sum') (called by every rank)",
         )

@@ -1,0 +1,208 @@
+"""Rules about the optimizer step: mixed precision and gradient accumulation.
+
+PT018 a GradScaler without fp16 autocast, or fp16 autocast without a GradScaler; PT019
+gradient accumulation whose loss is not divided by the number of micro-batches.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator, Sequence
+
+from paratrain.check.findings import Finding, rule
+from paratrain.check.patterns import ModuleFacts, dotted, keyword, last_name, module_facts
+
+FP16 = {"torch.float16", "torch.half"}
+
+
+def _method(call: ast.Call) -> str:
+    return call.func.attr if isinstance(call.func, ast.Attribute) else ""
+
+
+def _autocasts(facts: ModuleFacts) -> list[tuple[ast.Call, str]]:
+    """Every autocast call: torch's, or any object's ``.autocast()`` (Accelerate, Fabric)."""
+    return [(c, q) for c, q in facts.calls() if q.endswith("autocast") or _method(c) == "autocast"]
+
+
+def _fp16_autocast(facts: ModuleFacts, call: ast.Call, qual: str) -> bool:
+    """``autocast(dtype=torch.float16)``, or torch.cuda.amp's autocast (fp16 unless told)."""
+    dtype = keyword(call, "dtype")
+    if dtype is not None:
+        return facts.qualname(dtype) in FP16
+    return qual == "torch.cuda.amp.autocast" and not call.args
+
+
+def _mentions_scaler(facts: ModuleFacts) -> bool:
+    for node in facts.nodes:
+        if isinstance(node, ast.Name) and "scaler" in node.id.lower():
+            return True
+        if isinstance(node, ast.Attribute) and "scaler" in node.attr.lower():
+            return True
+        if isinstance(node, ast.keyword) and node.arg and "scaler" in node.arg.lower():
+            return True
+    return False
+
+
+def _is_scaler(facts: ModuleFacts, node: ast.expr) -> bool:
+    """A name bound only to ``GradScaler(...)``."""
+    key = dotted(node)
+    origins = facts.origins.get(key, []) if key else []
+    return bool(origins) and all(
+        isinstance(o, ast.Call) and facts.qualname(o.func).endswith("GradScaler") for o in origins
+    )
+
+
+@rule("PT018", "scaler-autocast-mismatch", "GradScaler without fp16 autocast, or the reverse")
+def scaler_autocast_mismatch(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
+    """Loss scaling and fp16 compute come in pairs.
+
+    ``scaler.scale(loss)`` with no autocast anywhere: the model runs in fp32 and the scaling
+    does nothing useful. ``autocast(dtype=torch.float16)`` with ``.backward()`` and no
+    GradScaler: small fp16 gradients underflow to zero and training stalls or diverges.
+    """
+    facts = module_facts(tree)
+    autocasts = _autocasts(facts)
+    if not autocasts:
+        for call, _ in facts.calls():
+            if (
+                _method(call) == "scale"
+                and isinstance(call.func, ast.Attribute)
+                and _is_scaler(facts, call.func.value)
+            ):
+                yield Finding.at(
+                    "PT018",
+                    call,
+                    message="the loss is scaled but nothing runs under autocast: the "
+                    "model computes in fp32 and the GradScaler only adds work",
+                    fix="run the forward pass under torch.autocast('cuda', "
+                    "dtype=torch.float16), or drop the GradScaler",
+                    api='pt.Run(precision="fp16") (autocast and loss scaling together)',
+                )
+        return
+    backward = any(_method(c) == "backward" for c, _ in facts.calls())
+    if not backward or _mentions_scaler(facts):
+        return
+    for call, qual in autocasts:
+        if _fp16_autocast(facts, call, qual):
+            yield Finding.at(
+                "PT018",
+                call,
+                message="fp16 autocast with backward() and no GradScaler: small fp16 gradients "
+                "underflow to zero",
+                fix='scale the loss: scaler = torch.amp.GradScaler("cuda"); '
+                "scaler.scale(loss).backward(); scaler.step(optimizer); scaler.update() "
+                "(or use dtype=torch.bfloat16)",
+                api='pt.Run(precision="fp16") (autocast and loss scaling together)',
+            )
+
+
+LOOPS = (ast.For, ast.AsyncFor, ast.While)
+SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
+
+
+def _between(facts: ModuleFacts, node: ast.AST, loop: ast.AST) -> list[ast.AST] | None:
+    """The ancestors of ``node`` below ``loop`` (None when ``loop`` is not its innermost loop)."""
+    path: list[ast.AST] = []
+    for _, parent in facts.ancestors(node):
+        if parent is loop:
+            return path
+        if isinstance(parent, (*LOOPS, *SCOPES)):
+            return None
+        path.append(parent)
+    return None
+
+
+def _names(node: ast.AST) -> set[str]:
+    return {last_name(n) for n in ast.walk(node) if isinstance(n, (ast.Name, ast.Attribute))}
+
+
+def _counters(loop: ast.For | ast.AsyncFor | ast.While) -> set[str]:
+    """Names the loop counts with: its targets, and names incremented in its body."""
+    found = _names(loop.target) if isinstance(loop, (ast.For, ast.AsyncFor)) else set()
+    for stmt in loop.body:
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Add):
+                found.add(last_name(node.target))
+    return found - {""}
+
+
+def _accumulation_count(test: ast.AST, counters: set[str]) -> ast.expr | None:
+    """``N`` of ``(i + 1) % N == 0`` when the left side uses a loop counter."""
+    for node in ast.walk(test):
+        if (
+            isinstance(node, ast.BinOp)
+            and isinstance(node.op, ast.Mod)
+            and _names(node.left) & counters
+        ):
+            return node.right
+    return None
+
+
+def _divides_by(facts: ModuleFacts, count: ast.expr) -> bool:
+    """Some division anywhere in the module by (an expression that uses) ``count``."""
+    wanted = _names(count) - {""}
+    for node in facts.nodes:
+        divisor: ast.expr | None = None
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Div, ast.FloorDiv)):
+            divisor = node.right
+        elif isinstance(node, ast.AugAssign) and isinstance(node.op, (ast.Div, ast.FloorDiv)):
+            divisor = node.value
+        if divisor is None:
+            continue
+        if (wanted and _names(divisor) & wanted) or ast.dump(divisor) == ast.dump(count):
+            return True
+    return False
+
+
+def _is_optimizer_step(call: ast.Call) -> bool:
+    if not (isinstance(call.func, ast.Attribute) and call.func.attr == "step"):
+        return False
+    owner = last_name(call.func.value).lower()
+    return "optim" in owner or owner in ("opt", "scaler")
+
+
+@rule("PT019", "accumulation-not-divided", "gradient accumulation without dividing the loss")
+def accumulation_not_divided(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
+    """``loss.backward()`` every batch, ``optimizer.step()`` every N: the loss never divided.
+
+    Gradients add up over the N micro-batches, so each step is N times larger than the one the
+    learning rate was tuned for (a sum instead of a mean); changing N changes the training.
+    """
+    facts = module_facts(tree)
+    for loop in facts.nodes:
+        if not isinstance(loop, LOOPS):
+            continue
+        counters = _counters(loop)
+        backwards: list[ast.Call] = []
+        count: ast.expr | None = None
+        for node in ast.walk(loop):
+            if not isinstance(node, ast.Call):
+                continue
+            path = _between(facts, node, loop)
+            if path is None:
+                continue
+            if _method(node) == "backward" and not any(
+                isinstance(p, (ast.If, ast.IfExp, ast.Try)) for p in path
+            ):
+                backwards.append(node)
+            elif _is_optimizer_step(node) and count is None:
+                for parent in path:
+                    if isinstance(parent, ast.If):
+                        count = _accumulation_count(parent.test, counters)
+                        if count is not None:
+                            break
+        if count is None or not backwards or _divides_by(facts, count):
+            continue
+        for call in backwards:
+            if any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) for n in ast.walk(call)):
+                continue
+            yield Finding.at(
+                "PT019",
+                call,
+                message="backward() runs every batch and the optimizer steps every "
+                f"{ast.unparse(count)}: the gradients are summed over the micro-batches, not "
+                "averaged, so each step is that many times too large",
+                fix=f"divide the loss by the number of micro-batches: (loss / "
+                f"{ast.unparse(count)}).backward()",
+                api="with run.accumulate(model): run.backward(loss)",
+            )

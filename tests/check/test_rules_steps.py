@@ -1,0 +1,98 @@
+"""PT018 (GradScaler and fp16 autocast apart) and PT019 (accumulation without dividing)."""
+
+from __future__ import annotations
+
+from tests.check.snippets import flagged
+
+
+def test_a_scaler_without_autocast_is_found() -> None:
+    bad = """
+    import torch
+    scaler = torch.amp.GradScaler("cuda")
+    for x, y in loader:
+        loss = criterion(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    """
+    assert flagged(bad, "PT018") == [6]
+
+
+def test_fp16_autocast_without_a_scaler_is_found() -> None:
+    bad = """
+    import torch
+    from torch.cuda.amp import autocast
+    for x, y in loader:
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = criterion(model(x), y)
+        with autocast():
+            loss = loss + criterion(model(x), y)
+        loss.backward()
+    """
+    assert flagged(bad, "PT018") == [5, 7]
+
+
+def test_scaler_with_autocast_and_bf16_alone_are_fine() -> None:
+    paired = """
+    import torch
+    scaler = torch.amp.GradScaler("cuda")
+    for x, y in loader:
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = criterion(model(x), y)
+        scaler.scale(loss).backward()
+    """
+    bf16 = """
+    import torch
+    for x, y in loader:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = criterion(model(x), y)
+        loss.backward()
+    """
+    inference = """
+    import torch
+    with torch.autocast("cuda", dtype=torch.float16):
+        out = model(x)
+    """
+    for good in (paired, bf16, inference):
+        assert flagged(good, "PT018") == []
+
+
+def test_accumulation_without_dividing_the_loss_is_found() -> None:
+    bad = """
+    accum = 4
+    for i, (x, y) in enumerate(loader):
+        loss = criterion(model(x), y)
+        loss.backward()
+        if (i + 1) % accum == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+    step = 0
+    for batch in loader:
+        model(batch).loss.backward()
+        step += 1
+        if step % 8 == 0:
+            optimizer.step()
+    """
+    assert flagged(bad, "PT019") == [5, 11]
+
+
+def test_divided_or_unaccumulated_losses_are_fine() -> None:
+    good = """
+    for i, (x, y) in enumerate(loader):
+        loss = criterion(model(x), y)
+        loss = loss / args.accum_steps
+        loss.backward()
+        if (i + 1) % args.accum_steps == 0:
+            optimizer.step()
+    for i, (x, y) in enumerate(loader):
+        (criterion(model(x), y) / 4).backward()
+        if i % 4 == 0:
+            optimizer.step()
+    for i, (x, y) in enumerate(loader):
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+        if i % 100 == 0:
+            print(loss.item())
+    """
+    assert flagged(good, "PT019") == []
