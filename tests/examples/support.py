@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -48,3 +50,28 @@ def metrics(run_dir: Path) -> list[dict[str, Any]]:
     """The rows ``run.log`` wrote to ``run_dir/metrics.jsonl``."""
     path = run_dir / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def run_scripts(
+    commands: Mapping[str, Sequence[str]], cwd: Path
+) -> dict[str, subprocess.CompletedProcess[str]]:
+    """``python SCRIPT ARGS`` for each named command, four at a time, in ``cwd``."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def run(args: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+        )
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return dict(zip(commands, pool.map(run, commands.values()), strict=True))
+
+
+def refusal(proc: subprocess.CompletedProcess[str]) -> str:
+    """The one-line message of a script that refused bad input (status 2, no traceback, only
+    argparse's usage above it); fails the test otherwise."""
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert (proc.returncode, proc.stdout) == (2, "")
+    *usage, message = proc.stderr.strip().splitlines()
+    assert all(line.startswith(("usage:", " ")) for line in usage), proc.stderr  # argparse's
+    return message
