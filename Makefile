@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo test lint typecheck pytest serve-deps examples-test image-test bench cuda-check clean
+.PHONY: demo test lint typecheck pytest serve-deps examples-test scale-test image-test bench cuda-check clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -30,8 +30,8 @@ typecheck: $(VENV)/.installed
 	$(BIN)/mypy --strict src/
 
 pytest: $(VENV)/.installed
-	$(BIN)/pytest -q -m "not dist and not examples"
-	$(BIN)/pytest -q -m "dist and not examples"
+	$(BIN)/pytest -q -m "not dist and not examples and not scale"
+	$(BIN)/pytest -q -m "dist and not examples and not scale"
 
 test: lint typecheck serve-deps pytest
 
@@ -52,6 +52,11 @@ serve-deps:
 # Every shipped example (examples/) end to end at tiny size on 2 CPU ranks, and the notebook.
 examples-test: $(VENV)/.installed
 	$(BIN)/pytest -q -m examples
+
+# Past one machine's disk: 20 SIGKILLed savers against a real S3 API server (moto on loopback),
+# streaming resume at 2 ranks x 2 workers (webdataset tars, HF datasets), trackers end to end.
+scale-test: $(VENV)/.installed
+	$(BIN)/pytest -q -m scale
 
 # A real build of docker/Dockerfile (on a Debian base made here: no registry needed) and the serve
 # smoke test inside the image. Root only; about 5 minutes. Not part of `make test`.

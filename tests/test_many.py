@@ -308,7 +308,7 @@ class _Stream(IterableDataset[torch.Tensor]):
         return iter(torch.arange(8.0).view(8, 1))
 
 
-def test_iterable_dataset_on_several_ranks_is_warned_about() -> None:
+def test_iterable_dataset_on_several_ranks_is_split_with_a_note() -> None:
     warnings: list[str] = []
 
     class Hooks:
@@ -324,8 +324,11 @@ def test_iterable_dataset_on_several_ranks_is_warned_about() -> None:
         def warn(self, message: str) -> None:
             warnings.append(message)
 
+        def stream_group(self) -> Any:
+            return None
+
     topology = rank_of_two()
-    make_loader(
+    loader = make_loader(
         _Stream(),
         2,
         train=True,
@@ -341,7 +344,8 @@ def test_iterable_dataset_on_several_ranks_is_warned_about() -> None:
         name="loader",
         kwargs={},
     )
-    assert warnings and "every one of the 2 ranks reads all of it" in warnings[0]
+    assert warnings and "keeps 1 example in (ranks x workers)" in warnings[0]
+    assert [b.view(-1).tolist() for b in loader] == [[0.0, 2.0], [4.0, 6.0]]  # rank 0's share
 
 
 def test_range_epochs_reshuffle_and_warn(capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,6 +11,14 @@ run continues each loader exactly where it stopped, and ``len(loader)`` is the l
 about to run (shorter right after a mid-epoch resume). A second pass within one epoch (a loop
 that does not use ``run.epochs``) is shuffled as the next epoch, with a warning, instead of
 repeating the same order. Samplers: :mod:`paratrain.samplers`.
+
+An ``IterableDataset`` (a stream: HF ``datasets`` streaming, webdataset, a generator) is split by
+rank and DataLoader worker (:mod:`paratrain.streaming`) and read through torchdata's
+``StatefulDataLoader``, whose per-rank state is part of every checkpoint. In a multi-rank run the
+ranks agree after each fetch whether all of them got a batch (a tiny all-reduce on a gloo side
+group), so uneven shares end the pass on every rank at once instead of leaving one rank waiting in
+a collective; the first batches are compared, and ranks or workers that got the same data are
+reported.
 """
 
 from __future__ import annotations
@@ -19,10 +27,12 @@ import dataclasses
 import itertools
 import os
 import time
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any, Generic, Protocol, TypeVar
 
 import torch
+import torch.distributed as dist
 from torch.autograd.profiler import record_function
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
 
@@ -34,6 +44,7 @@ from paratrain.samplers import (
     build_sampler,
     dataset_size,
 )
+from paratrain.streaming import StreamShard, fingerprint, shard_stream
 from paratrain.topology import Topology
 
 __all__ = [
@@ -96,6 +107,10 @@ class LoaderHooks(Protocol):
         """A warning from the main process."""
         ...
 
+    def stream_group(self) -> Any:
+        """A gloo process group of all ranks for streams to agree on (None: one process)."""
+        ...
+
 
 @dataclasses.dataclass(slots=True)
 class Position:
@@ -149,16 +164,33 @@ class DeviceLoader(Generic[T]):
         """``epoch -> seed`` of the loader's own generator (worker seeds), when the run owns it."""
         self._restored: Position | None = None
         self._warned_second_pass = False
+        self.stream: StreamShard | None = None
+        """The dataset as split for this rank (an ``IterableDataset`` was given)."""
+        self.group: Any = None
+        """Side group on which the ranks' streams agree to end a pass together (None: don't)."""
+        self.data_rank = 0
+        self._stream_state: Any = None
+        self._firsts: list[str] | None = []  # fingerprints of the first pass's first batches
+        self._warned_uneven = False
 
     # -- position ------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The loader's position (plain data)."""
         return {**dataclasses.asdict(self.position), "running": self.in_progress}
 
+    def stream_state(self) -> dict[str, Any] | None:
+        """This rank's stream position (every worker's), or None for a map-style dataset."""
+        if self.stream is None or not self.train:
+            return None
+        return self.loader.state_dict()  # type: ignore[attr-defined, no-any-return]
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from ``state`` at the next pass (a resumed run)."""
-        self.position = Position(**state)
-        self._restored = Position(**state)
+        """Continue from ``state`` at the next pass (a resumed run). A stream's ``state`` may
+        carry this rank's ``"stream"`` position (absent: saved at another world size)."""
+        fields = {k: v for k, v in state.items() if k != "stream"}
+        self.position = Position(**fields)
+        self._restored = Position(**fields)
+        self._stream_state = state.get("stream")
 
     def _next_pass(self) -> tuple[int, int]:
         """(epoch, samples to skip) of the pass about to start."""
@@ -181,7 +213,16 @@ class DeviceLoader(Generic[T]):
         sampler = self.loader.sampler
         return sampler.size if isinstance(sampler, ShardedSampler) else 0
 
+    def __bool__(self) -> bool:
+        return True  # a loader is a loader, even an empty one or a stream without a length
+
     def __len__(self) -> int:
+        if self.stream is not None and not callable(getattr(self.stream.dataset, "__len__", None)):
+            raise TypeError(
+                f"{self.name} reads a stream ({type(self.stream.dataset).__name__}), which has no "
+                "length: count steps yourself (e.g. `while run.global_step < max_steps`), or give "
+                "the dataset a __len__ of this rank's batches."
+            )
         if self.in_progress and self.pass_length is not None:
             return self.pass_length
         sampler = self.loader.sampler
@@ -211,10 +252,50 @@ class DeviceLoader(Generic[T]):
         if not self.train:
             return self._iterate(self.hooks.current_epoch(), 0)
         epoch, start = self._next_pass()
-        if self._restored is None and self.position.epoch >= self.hooks.current_epoch():
+        restored, self._restored = self._restored, None
+        if restored is None and self.position.epoch >= self.hooks.current_epoch():
             self._warn_second_pass(epoch, abandoned=not self.position.finished)
-        self._restored = None
+        if self.stream is not None:
+            return self._stream_pass(epoch, restored)
         return self._iterate(epoch, start)
+
+    def _stream_pass(self, epoch: int, restored: Position | None) -> Iterator[Any]:
+        """A pass over the stream: from its start, or from the saved position of a resume."""
+        assert self.stream is not None
+        self.stream.set_epoch(epoch)
+        state, self._stream_state = self._stream_state, None
+        if restored is None or restored.epoch != epoch:
+            return self._iterate(epoch, 0)
+        if restored.finished:  # consumed before the save: an empty pass
+            self.position = Position(epoch=epoch, samples=restored.samples, finished=True)
+            return iter(())
+        if not restored.running:  # left early before the save: the epoch starts over
+            return self._iterate(epoch, 0)
+        if state is not None:
+            self.loader.load_state_dict(state)  # type: ignore[attr-defined]
+            if not self.stream.stateful and restored.samples:
+                self.hooks.warn(
+                    f"{self.name}: {type(self.stream.dataset).__name__} has no "
+                    "state_dict()/load_state_dict(), so resuming reads and discards the "
+                    "examples each worker had consumed before the save (exact, but slow for a "
+                    "long stream). A dataset with both resumes at once."
+                )
+        elif restored.samples:
+            self._skip_about(restored.samples)
+        return self._iterate(epoch, restored.samples)
+
+    def _skip_about(self, samples: int) -> None:
+        """Resumed at another world size: each worker skips its share of ``samples``."""
+        assert self.stream is not None
+        workers = max(self.loader.num_workers, 1)
+        each = samples if self.stream.split else samples // (self.world_size * workers)
+        self.stream.load_state_dict({"consumed": each, "dataset": None})
+        self.hooks.warn(
+            f"{self.name}: saved at another world size, so the stream's position cannot be "
+            f"mapped exactly: every worker skips about {each} examples of its share "
+            f"({samples} examples were consumed in all). Resume at the saved world size for "
+            "an exact continuation."
+        )
 
     def _warn_second_pass(self, epoch: int, *, abandoned: bool) -> None:
         if self._warned_second_pass:
@@ -260,9 +341,13 @@ class DeviceLoader(Generic[T]):
             iterator = iter(self.loader)
             while True:
                 started = time.perf_counter()
-                try:
-                    batch = next(iterator)
-                except StopIteration:
+                batch = next(iterator, _END)
+                if self._firsts is not None and self.stream is not None and self.train:
+                    self._check_shares(batch)
+                if self.group is not None and self.train:
+                    if not self._all_have_batch(batch is not _END):
+                        break
+                elif batch is _END:
                     break
                 self.data_wait_s += time.perf_counter() - started
                 self.samples += _batch_len(batch)
@@ -278,6 +363,61 @@ class DeviceLoader(Generic[T]):
             self.in_progress = False
             if isinstance(sampler, ShardedSampler):
                 sampler.set_start(0)
+
+    # -- streams: shares and a common end ------------------------------------------------------
+    def _check_shares(self, batch: Any) -> None:
+        """First pass: the first batch of every rank, and of every worker, must differ. The
+        ranks compare at their first fetch (each rank exactly one collective, at the same
+        point); the workers' first batches are compared locally."""
+        assert self._firsts is not None
+        workers = max(self.loader.num_workers, 1)
+        digest = None if batch is _END else fingerprint(batch)
+        if not self._firsts and self.group is not None:
+            shares: list[Any] = [None] * dist.get_world_size(self.group)
+            dist.all_gather_object(shares, (self.data_rank, digest), group=self.group)
+            ranks: dict[str, set[int]] = {}
+            for data_rank, first in shares:
+                if first is not None:
+                    ranks.setdefault(first, set()).add(data_rank)
+            if any(len(r) > 1 for r in ranks.values()):
+                self.hooks.warn(
+                    f"{self.name}: several ranks got the same first batch, so the dataset does "
+                    "not split itself by rank: every rank trains on the same examples. Let "
+                    "paratrain split it (run.loader(..., shard=True)) or split by rank in the "
+                    "dataset (webdataset: nodesplitter=wds.split_by_node)."
+                )
+        if digest is not None:
+            self._firsts.append(digest)
+        if digest is not None and len(self._firsts) < workers:
+            return
+        mine, self._firsts = self._firsts, None
+        if len(set(mine)) < len(mine):
+            dataset = type(self.stream.dataset).__name__ if self.stream else "the dataset"
+            self.hooks.warn(
+                f"{self.name}: {workers} DataLoader workers gave identical first batches, so "
+                f"{dataset} does not split itself by worker: every example is read once per "
+                "worker. Split in the dataset with torch.utils.data.get_worker_info() "
+                "(webdataset: workersplitter=wds.split_by_worker), or pass "
+                "run.loader(..., shard=True)."
+            )
+
+    def _all_have_batch(self, has: bool) -> bool:
+        """All ranks fetched a batch (else every rank ends the pass here, together)."""
+        flags = torch.tensor([int(has), -int(has)])
+        dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=self.group)
+        every, some = int(flags[0]) == 1, int(flags[1]) == -1
+        if not every and some and not self._warned_uneven:
+            self._warned_uneven = True
+            self.hooks.warn(
+                f"{self.name}: the ranks' shares of the stream ended at different batches; every "
+                "rank ended the pass at the first end, so all run the same number of steps (the "
+                "rest of the longer shares is not used in this pass). Shards of equal size, or a "
+                "number of files the world size divides, avoid the loss."
+            )
+        return every
+
+
+_END: Any = object()
 
 
 def _batch_len(batch: Any) -> int:
@@ -329,8 +469,24 @@ def make_loader(
     name: str,
     kwargs: dict[str, Any],
 ) -> DeviceLoader[Any]:
-    """The DataLoader behind ``run.loader`` / ``run.eval_loader``, wrapped in a DeviceLoader."""
+    """The DataLoader behind ``run.loader`` / ``run.eval_loader``, wrapped in a DeviceLoader.
+
+    ``kwargs`` go to the DataLoader, except ``shard`` (streams only: how to split an
+    ``IterableDataset``, see :mod:`paratrain.streaming`)."""
     check_batch_size(batch_size)
+    shard = kwargs.pop("shard", "auto")
+    if isinstance(dataset, IterableDataset):
+        return _stream_loader(
+            dataset, batch_size, train=train, drop_last=drop_last, seed=seed, topology=topology,
+            data_rank=data_rank, data_size=data_size, device=device, num_workers=num_workers,
+            hooks=hooks, name=name, kwargs=kwargs, shard=shard,
+        )  # fmt: skip
+    if shard != "auto":
+        raise ConfigError(
+            f"run.loader(shard={shard!r}) is for an IterableDataset (a stream); "
+            f"{type(dataset).__name__} is map-style, which paratrain always splits by rank with "
+            "its sampler. Drop shard=."
+        )
     for reserved in ("sampler", "batch_sampler"):
         if reserved in kwargs:
             raise ConfigError(
@@ -345,15 +501,7 @@ def make_loader(
     owns_generator = "generator" not in kwargs
     kwargs.setdefault("generator", torch.Generator())
     rank, world = data_rank, data_size  # ranks of one tp group read the same share
-    if isinstance(dataset, IterableDataset) and world > 1:
-        hooks.warn(
-            f"{type(dataset).__name__} is an IterableDataset: run.loader cannot split it, so "
-            f"every one of the {world} ranks reads all of it unless the dataset itself yields a "
-            "different share per rank (torch.distributed.get_rank()) and per DataLoader worker "
-            "(torch.utils.data.get_worker_info()). Use a map-style dataset (with __len__) to get "
-            "disjoint shards and exact resume."
-        )
-    if train or isinstance(dataset, IterableDataset):
+    if train:
         sampler = build_sampler(
             dataset,
             train=True,
@@ -381,4 +529,65 @@ def make_loader(
     )
     if owns_generator:
         device_loader.pass_seed = lambda e: ((seed * 1_000_003 + e) * 4099 + rank) % 2**63
+    return device_loader
+
+
+def _stream_loader(
+    dataset: IterableDataset[Any],
+    batch_size: int,
+    *,
+    train: bool,
+    drop_last: bool,
+    seed: int,
+    topology: Topology,
+    data_rank: int,
+    data_size: int,
+    device: torch.device,
+    num_workers: int | None,
+    hooks: LoaderHooks,
+    name: str,
+    kwargs: dict[str, Any],
+    shard: object,
+) -> DeviceLoader[Any]:
+    """A loader over this rank's share of a stream; training ones resume where they stopped."""
+    stream, how = shard_stream(dataset, rank=data_rank, world=data_size, shard=shard)
+    if "sampler" in kwargs or "batch_sampler" in kwargs:
+        raise ConfigError(
+            f"run.loader got a sampler for {type(dataset).__name__}, an IterableDataset: a "
+            "stream has no indices to sample. Drop the argument; split and shuffle in the "
+            "dataset (HF datasets: .shuffle(seed=, buffer_size=); webdataset: .shuffle(n))."
+        )
+    workers = (
+        default_workers(device, topology.local_world_size) if num_workers is None else num_workers
+    )
+    kwargs.setdefault("pin_memory", device.type == "cuda")
+    # Workers keep their copy of the dataset for the life of a persistent iterator, so a new
+    # epoch (set_epoch, reshuffled buffers) would not reach them: streams start workers per pass.
+    kwargs.setdefault("persistent_workers", False)
+    owns_generator = "generator" not in kwargs
+    kwargs.setdefault("generator", torch.Generator())
+    loader: DataLoader[Any]
+    if train:
+        from torchdata.stateful_dataloader import StatefulDataLoader  # type: ignore[import-untyped]
+
+        with warnings.catch_warnings():  # torchdata 0.11 calls torch.set_vital, now deprecated
+            warnings.filterwarnings("ignore", message=".*set_vital")
+            loader = StatefulDataLoader(
+                stream, batch_size=batch_size, num_workers=workers, drop_last=drop_last, **kwargs
+            )
+    else:
+        loader = DataLoader(
+            stream, batch_size=batch_size, num_workers=workers, drop_last=drop_last, **kwargs
+        )
+    device_loader: DeviceLoader[Any] = DeviceLoader(
+        loader, device, hooks=hooks, train=train, world_size=data_size, name=name
+    )
+    device_loader.stream = stream
+    device_loader.data_rank = data_rank
+    if train and topology.world_size > 1:
+        device_loader.group = hooks.stream_group()
+    if owns_generator:
+        device_loader.pass_seed = lambda e: ((seed * 1_000_003 + e) * 4099 + data_rank) % 2**63
+    if stream.split and (data_size > 1 or workers > 1):
+        hooks.warn(how)
     return device_loader

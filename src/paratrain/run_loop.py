@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+import torch.distributed as dist
+
 from paratrain.accumulation import Windows
 from paratrain.checkpoint import resume as checkpoints
 from paratrain.config import RunConfig
@@ -61,6 +63,7 @@ class LoopHooks:
     def __init__(self, run: _RunParts) -> None:
         self.run = run
         self._in_pass: dict[int, tuple[int, int]] = {}
+        self._stream_group: Any = None
 
     # -- data.LoaderHooks ------------------------------------------------------------------
     def current_epoch(self) -> int:
@@ -84,6 +87,13 @@ class LoopHooks:
     def warn(self, message: str) -> None:
         """A warning from the main process."""
         self.run.console.warn(message)
+
+    def stream_group(self) -> Any:
+        """A gloo group of all ranks on which streams agree to end a pass together (made once,
+        when the first stream's loader is built on every rank; None in one process)."""
+        if self._stream_group is None and dist.is_initialized() and dist.get_world_size() > 1:
+            self._stream_group = dist.new_group(backend="gloo")
+        return self._stream_group
 
     def progress(self) -> None:
         """Tell the hang watchdog the loop moved."""

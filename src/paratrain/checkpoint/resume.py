@@ -39,6 +39,7 @@ from paratrain.checkpoint.store import (
     distributed,
     load_trainer,
 )
+from paratrain.data import DeviceLoader
 from paratrain.errors import CheckpointDamagedError, CheckpointError, ConfigError
 from paratrain.loop_state import LoopState, epoch_to_save
 from paratrain.precision import Precision
@@ -132,6 +133,7 @@ def save(
     trainer = {
         "loop": {**loop.state_dict(), "epoch": epoch},
         "loaders": {ld.name: ld.state_dict() for ld in loaders},
+        "streams": _streams_of_every_rank(loaders),
         "schedulers": {k: v.state_dict() for k, v in tracked.schedulers.items()},
         "objects": {
             k: plain(v.state_dict(), f"run.track({k!r})") for k, v in tracked.objects.items()
@@ -149,6 +151,23 @@ def save(
         sharded=pieces.layout.sharded,
     )
     return store.save(request, background=background)
+
+
+def _streams_of_every_rank(loaders: list[DeviceLoader[Any]]) -> list[dict[str, Any]]:
+    """Every rank's stream positions (``[rank] -> {loader name: state}``); [] without streams.
+    Collective when a loader reads a stream (every rank has the same loaders)."""
+    local = {
+        ld.name: plain(ld.stream_state(), f"the stream position of {ld.name}")
+        for ld in loaders
+        if ld.stream is not None and ld.train
+    }
+    if not local:
+        return []
+    if not (dist.is_available() and dist.is_initialized()):
+        return [local]
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, local)
+    return every
 
 
 _PLAIN = (bool, int, float, str, bytes, type(None))
@@ -246,9 +265,10 @@ def resume(
         say(f"paratrain: no checkpoint in {store.directory}; starting fresh")
         return None
     folder = staged.folder
-    _restore_rest(pieces, trainer)
     layout = pieces.layout
-    if manifest.world_size == layout.world_size and manifest.mesh == layout.mesh:
+    same_layout = manifest.world_size == layout.world_size and manifest.mesh == layout.mesh
+    _restore_rest(pieces, trainer, rank=layout.rank if same_layout else None)
+    if same_layout:
         restore_rng(trainer["rng"][layout.rank])
     else:
         reseed_rng(seed=layout.seed, step=pieces.loop.global_step, rank=layout.data_rank)
@@ -314,7 +334,9 @@ def _restore_units(
         )
 
 
-def _restore_rest(pieces: Pieces, trainer: dict[str, Any]) -> None:
+def _restore_rest(pieces: Pieces, trainer: dict[str, Any], *, rank: int | None) -> None:
+    """Everything but the models. ``rank``: this rank's stream positions apply (None: saved at
+    another layout, where streams continue approximately)."""
     tracked, loop = pieces.tracked, pieces.loop
     if "loop" in trainer:
         loop.load_state_dict(trainer["loop"])
@@ -330,6 +352,12 @@ def _restore_rest(pieces: Pieces, trainer: dict[str, Any]) -> None:
         schedulers = {"scheduler": trainer["scheduler"]} if trainer.get("scheduler") else {}
         objects = {}
     by_name = {ld.name: ld for ld in tracked.loaders}
+    streams: list[dict[str, Any]] = trainer.get("streams", [])
+    if rank is not None and rank < len(streams):
+        loaders = {
+            name: {**state, "stream": streams[rank][name]} if name in streams[rank] else state
+            for name, state in loaders.items()
+        }
     for name, state in loaders.items():
         _apply_or_defer(tracked, "loader", name, by_name.get(name), state)
     for name, state in schedulers.items():

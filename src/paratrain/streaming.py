@@ -1,0 +1,197 @@
+"""Streaming (iterable) datasets: every rank and DataLoader worker reads its own share, and each
+checkpoint holds where every worker's stream stands.
+
+    stream = shard_stream(dataset, rank=1, world=4, shard="auto")     # a StreamShard
+    loader = StatefulDataLoader(stream, batch_size=32, num_workers=2)
+    state = loader.state_dict()          # this rank's position: every worker's, plus the order
+    loader.load_state_dict(state)        # a resumed run continues exactly there
+
+How a stream is split (``run.loader(dataset, shard=...)``):
+
+* HF ``datasets`` iterable datasets: ``datasets.distributed.split_dataset_by_node`` (whole files
+  per rank when their number divides, else every world-th example); ``datasets`` then splits the
+  files over the DataLoader workers itself.
+* ``shard=True`` (the default for a dataset that shows no sign of splitting itself): worker ``w``
+  of rank ``r`` keeps example ``i`` when ``i % (ranks x workers) == r x workers + w``. Every
+  worker reads the whole stream to do that, so a dataset that splits by files is faster.
+* ``shard=False`` (the default for webdataset, and for datasets whose methods call
+  ``get_worker_info``/``get_rank``): the dataset yields each rank's and worker's share itself.
+  paratrain compares the first batches and says so when two ranks or two workers got the same.
+
+Position: a dataset with ``state_dict``/``load_state_dict`` (HF ``datasets``, your own) is saved
+and restored through torchdata's ``StatefulDataLoader``; one without is counted instead, and a
+resume reads and discards the examples each worker had consumed (printed as a note).
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import xxhash
+from torch.utils.data import IterableDataset, get_worker_info
+
+from paratrain.errors import ConfigError
+
+__all__ = ["SHARD_CHOICES", "StreamShard", "fingerprint", "shard_stream", "splits_itself"]
+
+SHARD_CHOICES = ("auto", True, False)
+_SPLIT_CALLS = {"get_worker_info", "get_rank", "split_by_worker", "split_by_node"}
+
+
+def is_hf_iterable(dataset: object) -> bool:
+    """True for a ``datasets.IterableDataset`` (checked without importing ``datasets``)."""
+    return any(
+        k.__name__ == "IterableDataset" and k.__module__.split(".")[0] == "datasets"
+        for k in type(dataset).__mro__
+    )
+
+
+def splits_itself(dataset: object) -> bool:
+    """True when ``dataset`` visibly yields a different share per rank or worker: webdataset
+    (its node and worker splitters), or a class whose own methods call ``get_worker_info``,
+    ``get_rank`` or webdataset's splitters."""
+    if type(dataset).__module__.split(".")[0] == "webdataset":
+        return True
+    for klass in type(dataset).__mro__:
+        if klass.__module__.split(".")[0] in ("torch", "builtins", "typing"):
+            continue
+        for value in vars(klass).values():
+            code = getattr(getattr(value, "__func__", value), "__code__", None)
+            if isinstance(code, types.CodeType) and _names(code) & _SPLIT_CALLS:
+                return True
+    return False
+
+
+def _names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _names(const)
+    return names
+
+
+def _stateful(obj: object) -> bool:
+    return callable(getattr(obj, "state_dict", None)) and callable(
+        getattr(obj, "load_state_dict", None)
+    )
+
+
+class StreamShard(IterableDataset[Any]):
+    """One rank's share of a stream, split further over DataLoader workers, with a position.
+
+    ``split=True``: worker ``w`` of ``workers`` on rank ``rank`` of ``world`` keeps examples
+    ``i % (world x workers) == rank x workers + w``; ``split=False``: every example the dataset
+    yields (it splits itself). ``state_dict()`` is the worker's position: the examples of the
+    dataset it consumed, and the dataset's own state when it has one.
+    """
+
+    def __init__(self, dataset: IterableDataset[Any], *, rank: int, world: int, split: bool):
+        self.dataset = dataset
+        self.rank, self.world, self.split = rank, world, split
+        self.stateful = _stateful(dataset)
+        self.consumed = 0
+        """Examples of ``dataset`` read by this worker's current pass (kept or not)."""
+        self.resume_at: dict[str, Any] | None = None
+        """Where the next pass starts (set by ``load_state_dict``); None: the beginning."""
+
+    def set_epoch(self, epoch: int) -> None:
+        """Passed on to the dataset (shuffle buffers of HF ``datasets`` and webdataset)."""
+        set_epoch = getattr(self.dataset, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """This worker's position (plain data)."""
+        inner = self.dataset.state_dict() if self.stateful else None  # type: ignore[attr-defined]
+        return {"consumed": self.consumed, "dataset": inner}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Start the next pass where ``state`` was taken."""
+        self.resume_at = dict(state)
+
+    def __iter__(self) -> Iterator[Any]:
+        info = get_worker_info()
+        workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
+        every, keep = (self.world * workers, self.rank * workers + worker) if self.split else (1, 0)
+        resume, self.resume_at = self.resume_at, None
+        skip = 0
+        self.consumed = 0
+        if resume is not None:
+            self.consumed = int(resume.get("consumed", 0))
+            if self.stateful and resume.get("dataset") is not None:
+                self.dataset.load_state_dict(resume["dataset"])  # type: ignore[attr-defined]
+            else:
+                skip = self.consumed  # no state of its own: read and discard up to there
+        return self._examples(iter(self.dataset), skip, every, keep)
+
+    def _examples(self, it: Iterator[Any], skip: int, every: int, keep: int) -> Iterator[Any]:
+        for _ in range(skip):
+            if next(it, _END) is _END:
+                return
+        for example in it:
+            index = self.consumed
+            self.consumed += 1
+            if index % every == keep:
+                yield example
+
+
+_END = object()
+
+
+def shard_stream(
+    dataset: IterableDataset[Any], *, rank: int, world: int, shard: object
+) -> tuple[StreamShard, str]:
+    """``dataset`` split for ``rank`` of ``world`` as ``shard`` says; and how, in words."""
+    if shard not in SHARD_CHOICES or not isinstance(shard, (str, bool)):
+        raise ConfigError(
+            f"run.loader(shard={shard!r}): use 'auto' (split as the dataset allows), True "
+            "(paratrain keeps every N-th example on each rank and worker) or False (the dataset "
+            "yields each rank's and worker's share itself)."
+        )
+    name = type(dataset).__name__
+    if is_hf_iterable(dataset) and shard is not True:
+        if shard == "auto" and world > 1:
+            from datasets.distributed import split_dataset_by_node  # type: ignore[import-untyped]
+
+            dataset = split_dataset_by_node(dataset, rank=rank, world_size=world)
+            how = f"{name}: split by datasets.distributed.split_dataset_by_node"
+        else:
+            how = f"{name}: the dataset splits itself"
+        return StreamShard(dataset, rank=rank, world=world, split=False), how
+    if shard is True or (shard == "auto" and not splits_itself(dataset)):
+        how = (
+            f"{name}: every rank and worker reads the whole stream and keeps 1 example in "
+            "(ranks x workers); a dataset that splits by files itself is faster (then pass "
+            "shard=False)"
+        )
+        return StreamShard(dataset, rank=rank, world=world, split=True), how
+    return StreamShard(dataset, rank=rank, world=world, split=False), (
+        f"{name}: the dataset splits itself by rank and worker"
+    )
+
+
+def fingerprint(batch: Any) -> str:
+    """A digest of a batch's contents (tensors by their bytes, anything else by ``repr``)."""
+    digest = xxhash.xxh3_64()
+    _feed(batch, digest)
+    return digest.hexdigest()
+
+
+def _feed(value: Any, digest: Any) -> None:
+    if isinstance(value, torch.Tensor):
+        digest.update(str((value.dtype, tuple(value.shape))).encode())
+        flat = value.detach().cpu().contiguous().reshape(-1)
+        digest.update(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
+    elif isinstance(value, dict):
+        for key in sorted(value, key=repr):
+            digest.update(repr(key).encode())
+            _feed(value[key], digest)
+    elif isinstance(value, (list, tuple)):
+        digest.update(f"[{len(value)}".encode())
+        for item in value:
+            _feed(item, digest)
+    else:
+        digest.update(repr(value).encode())

@@ -1,0 +1,193 @@
+"""Streams in one process: how they are split, their positions, resume, and the refusals."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as hs
+from torch.utils.data import IterableDataset, TensorDataset
+
+import paratrain as pt
+from paratrain import streaming
+from paratrain.errors import ConfigError
+from paratrain.streaming import StreamShard, fingerprint, shard_stream, splits_itself
+from tests.support.streams import Counting, features, train_on_stream
+
+
+class Numbers(IterableDataset[int]):
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.reads = 0
+
+    def __iter__(self) -> Iterator[int]:
+        for i in range(self.n):
+            self.reads += 1
+            yield i
+
+
+class Resumable(IterableDataset[dict[str, Any]]):
+    """A stream with its own position (like HF ``datasets``): no re-reading on resume."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.next, self.reads = n, 0, 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"next": self.next}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.next = state["next"]
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        start, self.next = self.next, self.next
+        for i in range(start, self.n):
+            self.reads += 1
+            self.next = i + 1
+            yield {"id": i, "x": torch.tensor(features(i))}
+        self.next = 0
+
+
+def _as_worker(monkeypatch: pytest.MonkeyPatch, worker: int, workers: int) -> None:
+    info = types.SimpleNamespace(id=worker, num_workers=workers)
+    monkeypatch.setattr(streaming, "get_worker_info", lambda: info)
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=hs.integers(0, 60), world=hs.integers(1, 4), workers=hs.integers(1, 3))
+def test_shares_of_every_rank_and_worker_partition_the_stream(
+    n: int, world: int, workers: int
+) -> None:
+    seen: list[int] = []
+    with pytest.MonkeyPatch.context() as mp:
+        for rank in range(world):
+            for worker in range(workers):
+                _as_worker(mp, worker, workers)
+                seen += list(StreamShard(Numbers(n), rank=rank, world=world, split=True))
+    assert sorted(seen) == list(range(n))
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=hs.integers(1, 40), world=hs.integers(1, 3), cut=hs.integers(0, 40))
+def test_a_saved_position_continues_exactly(n: int, world: int, cut: int) -> None:
+    for make in (Numbers, Resumable):
+        full = list(StreamShard(make(n), rank=world - 1, world=world, split=True))
+        shard = StreamShard(make(n), rank=world - 1, world=world, split=True)
+        it = iter(shard)
+        head = [next(it) for _ in range(min(cut, len(full)))]
+        state = shard.state_dict()
+        fresh = StreamShard(make(n), rank=world - 1, world=world, split=True)
+        fresh.load_state_dict(state)
+        assert _ids(head + list(fresh)) == _ids(full)
+
+
+def _ids(items: list[Any]) -> list[int]:
+    return [x if isinstance(x, int) else x["id"] for x in items]
+
+
+def test_a_dataset_with_its_own_state_is_not_read_again() -> None:
+    shard = StreamShard(Resumable(20), rank=0, world=1, split=False)
+    it = iter(shard)
+    for _ in range(15):
+        next(it)
+    again = StreamShard(Resumable(20), rank=0, world=1, split=False)
+    again.load_state_dict(shard.state_dict())
+    assert [d["id"] for d in again] == list(range(15, 20))
+    assert again.dataset.reads == 5  # type: ignore[attr-defined]
+    counted = StreamShard(Numbers(20), rank=0, world=1, split=False)
+    counted.load_state_dict({"consumed": 15, "dataset": None})
+    assert list(counted) == list(range(15, 20))
+    assert counted.dataset.reads == 20  # type: ignore[attr-defined]  # read and discarded
+
+
+class _SplitsByWorker(IterableDataset[int]):
+    def __iter__(self) -> Iterator[int]:
+        info = torch.utils.data.get_worker_info()
+        yield from range(0 if info is None else info.id, 10, 1 if info is None else 2)
+
+
+class _SplitsInAHelper(IterableDataset[int]):
+    def __iter__(self) -> Iterator[int]:
+        def mine() -> Iterator[int]:
+            yield torch.distributed.get_rank()
+
+        return mine()
+
+
+def test_which_datasets_split_themselves() -> None:
+    assert splits_itself(_SplitsByWorker())
+    assert splits_itself(_SplitsInAHelper())
+    assert not splits_itself(Numbers(3))
+    import webdataset as wds
+
+    assert splits_itself(wds.WebDataset(["x.tar"], shardshuffle=False, empty_check=False))
+    assert shard_stream(Numbers(3), rank=0, world=2, shard="auto")[0].split
+    assert not shard_stream(_SplitsByWorker(), rank=0, world=2, shard="auto")[0].split
+    assert shard_stream(_SplitsByWorker(), rank=0, world=2, shard=True)[0].split
+    assert not shard_stream(Numbers(3), rank=0, world=2, shard=False)[0].split
+
+
+@pytest.mark.parametrize("shard", ["yes", 1, None, 0.5, "AUTO"])
+def test_a_bad_shard_value_is_refused(shard: Any) -> None:
+    with pytest.raises(ConfigError, match="shard="):
+        shard_stream(Numbers(3), rank=0, world=1, shard=shard)
+
+
+def test_fingerprints_follow_the_contents() -> None:
+    a = {"id": torch.tensor([1, 2]), "x": [torch.zeros(2), "s"]}
+    b = {"x": [torch.zeros(2), "s"], "id": torch.tensor([1, 2])}
+    assert fingerprint(a) == fingerprint(b)
+    assert fingerprint(a) != fingerprint({**a, "id": torch.tensor([1, 3])})
+    assert fingerprint(torch.zeros(2)) != fingerprint(torch.zeros(2, dtype=torch.float64))
+
+
+def test_run_refuses_what_a_stream_cannot_do(tmp_path: Path) -> None:
+    with pt.Run(strategy="cpu", run_dir=tmp_path, progress=False) as run:
+        with pytest.raises(ConfigError, match="IterableDataset"):
+            run.loader(Numbers(4), batch_size=2, sampler=None)
+        with pytest.raises(ConfigError, match="map-style"):
+            run.loader(TensorDataset(torch.zeros(4)), batch_size=2, shard=True)
+        with pytest.raises(ConfigError, match="shard="):
+            run.loader(Numbers(4), batch_size=2, shard="files")
+        loader = run.loader(Numbers(4), batch_size=2)
+        with pytest.raises(TypeError, match="has no length"):
+            len(loader)
+        assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]
+
+
+@pytest.mark.parametrize(("source", "workers"), [(("Counting", 23), 2), (("Resumable", 23), 0)])
+def test_stop_and_resume_in_one_process_is_exact(
+    tmp_path: Path, source: tuple[str, Any], workers: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tests.support.streams as streams_module
+
+    monkeypatch.setattr(streams_module, "Resumable", Resumable, raising=False)
+    straight = train_on_stream(source, str(tmp_path / "a"), strategy="cpu", workers=workers)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        first = train_on_stream(
+            source, str(tmp_path / "b"), strategy="cpu", workers=workers, stop_at=5
+        )
+        rest = train_on_stream(source, str(tmp_path / "b"), strategy="cpu", workers=workers)
+    assert first["seen"] + rest["seen"] == straight["seen"]
+    for name, value in straight["weights"].items():
+        assert torch.equal(rest["weights"][name], value)
+    assert ("reads and discards" in err.getvalue()) == (source[0] == "Counting")
+
+
+def test_resumed_at_another_world_size_each_worker_skips_its_share(tmp_path: Path) -> None:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pt.Run(strategy="cpu", run_dir=tmp_path) as run:
+        loader = run.loader(Counting(12), batch_size=2, num_workers=0)
+        # What a resume applies when the checkpoint was written at another world size: the
+        # position, without this rank's stream state.
+        loader.load_state_dict({"epoch": 0, "samples": 6, "finished": False, "running": True})
+        ids = [int(i) for batch in loader for i in batch["id"]]
+    assert ids == list(range(6, 12))
+    assert "another world size" in err.getvalue()
