@@ -191,3 +191,27 @@ def test_resumed_at_another_world_size_each_worker_skips_its_share(tmp_path: Pat
         ids = [int(i) for batch in loader for i in batch["id"]]
     assert ids == list(range(6, 12))
     assert "another world size" in err.getvalue()
+
+
+def _own_loop(root: str, stop: int | None) -> list[int]:
+    seen: list[int] = []
+    with pt.Run(strategy="cpu", run_dir=root, progress=False) as run:
+        net = torch.nn.Linear(4, 1)
+        model, opt = run.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
+        run.resume()
+        it = iter(run.loader(Counting(1000), batch_size=4, num_workers=0))
+        while run.global_step < 8:  # nanoGPT's shape: one iterator, drawn from forever
+            batch = next(it)
+            seen += [int(i) for i in batch["id"]]
+            run.backward(model(batch["x"]).sum())
+            run.step(opt)
+            if run.global_step == stop:
+                run.save()
+                break
+    return seen
+
+
+def test_an_own_while_loop_over_one_iterator_resumes_exactly(tmp_path: Path) -> None:
+    straight = _own_loop(str(tmp_path / "a"), None)
+    assert _own_loop(str(tmp_path / "b"), 3) + _own_loop(str(tmp_path / "b"), None) == straight
+    assert straight == list(range(32))

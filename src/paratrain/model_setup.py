@@ -97,7 +97,13 @@ def check_disjoint(optimizers: tuple[Optimizer, ...], names: dict[int, str]) -> 
     name, so the two states would collide on save and resume."""
     owner: dict[int, int] = {}
     for index, optimizer in enumerate(optimizers):
-        for group in getattr(optimizer, "param_groups", []):  # a non-optimizer is named later
+        if not isinstance(getattr(optimizer, "param_groups", None), list):
+            raise ModelError(
+                f"run.setup got {type(optimizer).__name__} as optimizer {index + 1}; only "
+                "optimizers go after the model (a scheduler goes in scheduler=). Without an "
+                "optimizer, call run.setup(model) alone."
+            )
+        for group in optimizer.param_groups:
             for p in group["params"]:
                 first = owner.setdefault(id(p), index)
                 if first != index:
