@@ -161,20 +161,26 @@ def test_run_refuses_what_a_stream_cannot_do(tmp_path: Path) -> None:
         assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]
 
 
-@pytest.mark.parametrize(("source", "workers"), [(("Counting", 23), 2), (("Resumable", 23), 0)])
+@pytest.mark.parametrize(
+    ("source", "workers", "loader_first"),
+    [(("Counting", 23), 2, False), (("Resumable", 23), 0, False), (("Counting", 23), 0, True)],
+)
 def test_stop_and_resume_in_one_process_is_exact(
-    tmp_path: Path, source: tuple[str, Any], workers: int, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    source: tuple[str, Any],
+    workers: int,
+    loader_first: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import tests.support.streams as streams_module
 
     monkeypatch.setattr(streams_module, "Resumable", Resumable, raising=False)
-    straight = train_on_stream(source, str(tmp_path / "a"), strategy="cpu", workers=workers)
+    kw: dict[str, Any] = {"strategy": "cpu", "workers": workers, "loader_first": loader_first}
+    straight = train_on_stream(source, str(tmp_path / "a"), **kw)
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
-        first = train_on_stream(
-            source, str(tmp_path / "b"), strategy="cpu", workers=workers, stop_at=5
-        )
-        rest = train_on_stream(source, str(tmp_path / "b"), strategy="cpu", workers=workers)
+        first = train_on_stream(source, str(tmp_path / "b"), stop_at=5, **kw)
+        rest = train_on_stream(source, str(tmp_path / "b"), **kw)
     assert first["seen"] + rest["seen"] == straight["seen"]
     for name, value in straight["weights"].items():
         assert torch.equal(rest["weights"][name], value)

@@ -11,6 +11,7 @@ arrives).
 
 from __future__ import annotations
 
+import datetime
 from typing import Any, Protocol
 
 import torch.distributed as dist
@@ -92,7 +93,8 @@ class LoopHooks:
         """A gloo group of all ranks on which streams agree to end a pass together (made once,
         when the first stream's loader is built on every rank; None in one process)."""
         if self._stream_group is None and dist.is_initialized() and dist.get_world_size() > 1:
-            self._stream_group = dist.new_group(backend="gloo")
+            timeout = datetime.timedelta(seconds=self.run.config.timeout_s)
+            self._stream_group = dist.new_group(backend="gloo", timeout=timeout)
         return self._stream_group
 
     def progress(self) -> None:

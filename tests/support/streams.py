@@ -143,6 +143,7 @@ def train_on_stream(
     workers: int = 2,
     strategy: str = "auto",
     shard: Any = "auto",
+    loader_first: bool = False,
 ) -> dict[str, Any]:
     """Train on the stream for ``epochs``; ``stop_at``: save at that step and return. A second
     call with the same ``root`` resumes. Returns the ids seen per step, weights and messages."""
@@ -152,12 +153,15 @@ def train_on_stream(
         model = nn.Sequential(nn.Linear(FEATURES, 8), nn.Tanh(), nn.Linear(8, 1))
         opt = torch.optim.SGD(model.parameters(), lr=0.05)
         model, opt = run.setup(model, opt)
-        run.resume()
+        if not loader_first:
+            run.resume()  # the loader made after: its saved position waits for it
         # The ranks are spawned, so workers would be too (each importing torch): fork them.
         fork = {"multiprocessing_context": "fork"} if workers else {}
         loader = run.loader(
             build(source), batch_size=batch_size, num_workers=workers, shard=shard, **fork
         )
+        if loader_first:
+            run.resume()
         for _ in run.epochs(epochs):
             for batch in loader:
                 seen.append([int(i) for i in batch["id"]])
