@@ -221,3 +221,18 @@ def test_an_own_while_loop_over_one_iterator_resumes_exactly(tmp_path: Path) -> 
     straight = _own_loop(str(tmp_path / "a"), None)
     assert _own_loop(str(tmp_path / "b"), 3) + _own_loop(str(tmp_path / "b"), None) == straight
     assert straight == list(range(32))
+
+
+def test_an_hf_stream_is_split_once(tmp_path: Path) -> None:
+    from datasets.distributed import split_dataset_by_node
+
+    from tests.support.streams import build, write_jsonl_shards
+
+    stream = build(("hf", write_jsonl_shards(tmp_path, shards=4, per_shard=3)))
+    ours, how = shard_stream(stream, rank=1, world=2, shard="auto")
+    assert "split_dataset_by_node" in how and not ours.split
+    assert sorted(int(d["id"]) for d in ours) == [3, 4, 5, 9, 10, 11]  # files 1 and 3
+    theirs = split_dataset_by_node(stream, rank=1, world_size=2)  # as torchtitan does
+    again, how = shard_stream(theirs, rank=1, world=2, shard="auto")
+    assert "already split" in how
+    assert sorted(int(d["id"]) for d in again) == [3, 4, 5, 9, 10, 11]

@@ -153,7 +153,9 @@ def shard_stream(
         )
     name = type(dataset).__name__
     if is_hf_iterable(dataset) and shard is not True:
-        if shard == "auto" and world > 1:
+        if getattr(dataset, "_distributed", None) is not None:  # split_dataset_by_node already
+            how = f"{name}: already split by datasets.distributed.split_dataset_by_node"
+        elif shard == "auto" and world > 1:
             from datasets.distributed import split_dataset_by_node  # type: ignore[import-untyped]
 
             dataset = split_dataset_by_node(dataset, rank=rank, world_size=world)
