@@ -4,6 +4,7 @@ several saves per step, restarts mid-loop, models built from checkpoint values."
 from __future__ import annotations
 
 import pydoc
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -226,13 +227,9 @@ def test_run_reports_its_run_dir_to_the_launcher(
 def test_a_failing_start_leaves_no_process_group(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch.distributed as dist
 
-    from paratrain import console
     from paratrain.errors import ParatrainError
 
-    def no_tensorboard(log_dir: Path) -> None:
-        raise EnvironmentMismatchError("tensorboard=True needs the tensorboard package")
-
-    monkeypatch.setattr(console, "_summary_writer", no_tensorboard)
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # as if it were not installed
     with pytest.raises(ParatrainError, match="tensorboard"):
         pt.Run(strategy="ddp", tensorboard=True)
     assert not dist.is_initialized()

@@ -462,6 +462,6 @@ def test_a_parameter_in_two_optimizers_is_refused_at_setup() -> None:
 
 @pytest.mark.parametrize("not_an_optimizer", [None, "sgd", 0.1])
 def test_setup_refuses_what_is_not_an_optimizer(not_an_optimizer: Any) -> None:
-    with pt.Run(strategy="cpu", progress=False) as run:
-        with pytest.raises(pt.ModelError, match="only optimizers go after the model"):
-            run.setup(mlp(), not_an_optimizer)
+    needle = "only optimizers go after the model"
+    with pt.Run(strategy="cpu", progress=False) as run, pytest.raises(pt.ModelError, match=needle):
+        run.setup(mlp(), not_an_optimizer)

@@ -168,10 +168,10 @@ def test_accumulate_takes_a_compiled_set_up_model() -> None:
 def test_logger_is_silent_off_the_main_process() -> None:
     from paratrain.console import Console
 
-    off = Console(is_main=False, run_dir=".", tensorboard=False, progress=False)
+    off = Console(is_main=False, run_dir=".", progress=False)
     record = logging.LogRecord("x", logging.INFO, __file__, 1, "msg", None, None)
     assert not off.logger("tests.off_main").filter(record)
-    on = Console(is_main=True, run_dir=".", tensorboard=False, progress=False)
+    on = Console(is_main=True, run_dir=".", progress=False)
     assert on.logger("tests.on_main").filter(record)
 
 

@@ -102,6 +102,7 @@ def parser() -> argparse.ArgumentParser:
     log.add_argument("--eval-iters", type=COUNT, default=200, help="batches per rank and split")
     log.add_argument("--log-interval", type=COUNT, default=10)
     log.add_argument("--tensorboard", action="store_true", help="also write TensorBoard events")
+    log.add_argument("--log-to", default="", help="trackers, e.g. mlflow,wandb (or tensorboard)")
     log.add_argument("--peak-tflops", type=POSITIVE, default=312.0, help="per GPU, for MFU (A100)")
     return p
 
@@ -142,6 +143,7 @@ def run_settings(args: argparse.Namespace) -> dict[str, Any]:
         "run_dir": args.run_dir,
         "progress": False,
         "tensorboard": args.tensorboard,
+        "log_to": [name for name in args.log_to.split(",") if name],
     }
     if args.global_batch is not None:  # grad_accum = global / (per-rank x data-parallel ranks)
         settings.update(global_batch=args.global_batch, per_rank_batch=args.batch_size)

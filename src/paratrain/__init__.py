@@ -20,6 +20,7 @@ from paratrain.errors import (
     EnvironmentMismatchError,
     ModelError,
     ParatrainError,
+    StorageError,
 )
 from paratrain.version import __version__
 
@@ -70,6 +71,7 @@ __all__ = [
     "RankFailedError",
     "Run",
     "RunConfig",
+    "StorageError",
     "Topology",
     "__version__",
     "launch",

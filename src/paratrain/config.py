@@ -22,6 +22,7 @@ from pathlib import Path
 
 from torch.nn import Module
 
+from paratrain.checkpoint.object_storage import check_url, is_url, looks_mangled
 from paratrain.errors import ConfigError
 from paratrain.mesh import check_mesh_setting
 from paratrain.module_policy import ModulePolicy
@@ -29,6 +30,13 @@ from paratrain.paths import check_creatable
 from paratrain.pipeline import SplitSetting, check_split_setting
 from paratrain.profiling import ProfileSetting, check_profile_setting
 from paratrain.tp import PlanSetting, check_tp_plan
+from paratrain.trackers.settings import (
+    check_combination,
+    check_log_to,
+    check_project,
+    check_run_name,
+    check_uri,
+)
 
 STRATEGY_NAMES = ("cpu", "single", "dp", "ddp", "fsdp", "tp", "pipeline")
 """Every strategy name; :mod:`paratrain.strategies` maps each to its class."""
@@ -70,7 +78,14 @@ class RunConfig:
     """Where logs, stats, checkpoints go (default ``paratrain run --run-dir``, else
     runs/paratrain). Passing a different one than the launcher is an error."""
     ckpt_dir: str | Path | None = None
-    """Where :meth:`Run.save` writes and :meth:`Run.resume` looks (default run_dir/checkpoints)."""
+    """Where :meth:`Run.save` writes and :meth:`Run.resume` looks (default run_dir/checkpoints):
+    a folder, or a URL such as ``s3://bucket/run1`` (any fsspec file system; needs
+    ``pip install 'paratrain[s3]'``)."""
+    ckpt_storage_options: dict[str, object] | None = field(default=None, repr=False)
+    """A URL ``ckpt_dir``: keyword options for ``fsspec.url_to_fs`` (s3fs: ``endpoint_url``,
+    ``key``, ``secret``, ``client_kwargs``, ...); None takes them from the environment
+    (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...). Secret-looking values stay out of
+    run.json."""
     keep_last: int | None = 3
     """Keep this many newest checkpoints (the newest valid one is never deleted); None keeps all."""
     async_save: bool = False
@@ -78,7 +93,20 @@ class RunConfig:
     stats_every: int | None = 10
     """Write per-rank stats (run_dir/stats/rank<r>.jsonl) every this many steps; None: never."""
     tensorboard: bool = False
-    """Write :meth:`Run.log` scalars as TensorBoard events under ``run_dir/tensorboard``."""
+    """Write :meth:`Run.log` scalars as TensorBoard events under ``run_dir/tensorboard`` (the
+    same as ``'tensorboard'`` in ``log_to``)."""
+    log_to: str | list[str] | tuple[str, ...] | None = ()
+    """Experiment trackers that get :meth:`Run.log` scalars and, once per tracker run, every
+    setting with ``extra`` as hyper-parameters, from the main process: ``'tensorboard'``,
+    ``'mlflow'``, ``'wandb'`` or a list of them (metrics.jsonl is written either way). A resumed
+    run continues the same tracker runs."""
+    tracker_project: str = "paratrain"
+    """``log_to``: the MLflow experiment and wandb project the tracker runs go to."""
+    tracker_run_name: str | None = None
+    """``log_to``: the MLflow run name and wandb display name; default the run dir's name."""
+    mlflow_tracking_uri: str | None = None
+    """``log_to`` with mlflow: where MLflow keeps runs; default the MLFLOW_TRACKING_URI variable,
+    else a file store in run_dir/mlruns."""
     progress: bool = True
     """Show a progress bar (main process only) in :meth:`Run.progress`."""
     profile: ProfileSetting = None
@@ -149,7 +177,7 @@ class RunConfig:
     """DataLoader workers per rank; default 0 on cpu, min(4, cores per rank) on cuda."""
     extra: dict[str, object] = field(default_factory=dict)
     """Free-form values recorded with the run (hyperparameters, notes): the main process writes
-    them, with every other setting, to ``run_dir/run.json``."""
+    them, with every other setting, to ``run_dir/run.json`` and the ``log_to`` trackers."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -163,6 +191,13 @@ class RunConfig:
                 f"global_batch={self.global_batch} and grad_accum={self.grad_accum} both "
                 "set: grad_accum is derived from global_batch. Pass one of them."
             )
+        if self.ckpt_storage_options and not is_url(self.ckpt_dir):
+            raise ConfigError(
+                f"ckpt_storage_options is set, but ckpt_dir={self.ckpt_dir!r} is not a URL: the "
+                "options are for object storage. Pass ckpt_dir='s3://bucket/run1' (as a str), "
+                "or leave ckpt_storage_options out."
+            )
+        check_combination(self)
 
 
 def make_config(config: object, settings: dict[str, object]) -> RunConfig:
@@ -277,6 +312,28 @@ def _policy(name: str, value: object) -> None:
     )
 
 
+def _checkpoint_dir(name: str, value: object) -> None:
+    if is_url(value):
+        check_url(str(value), name)
+    elif looks_mangled(value):
+        raise ConfigError(
+            f"{name}={value!r} looks like a URL that went through pathlib.Path, which merges the "
+            f"// of 's3://'. Pass the URL as a str, e.g. {name}='s3://bucket/run1'."
+        )
+    else:
+        _directory(name, value)
+
+
+def _storage_options(name: str, value: object) -> None:
+    if value is not None and not (
+        isinstance(value, dict) and all(isinstance(k, str) for k in value)
+    ):
+        raise ConfigError(  # the value is not shown: it may hold credentials
+            f"{name} must be None or a dict of fsspec options with str keys, e.g. "
+            f"{{'endpoint_url': 'http://127.0.0.1:9000'}}; got a {type(value).__name__}."
+        )
+
+
 def _device_ids(name: str, value: object) -> None:
     if value is None:
         return
@@ -307,11 +364,18 @@ _RULES: dict[str, Rule] = {
     "max_grad_norm": _number(high=1e30, optional=True, hint="e.g. 1.0; None does not clip"),
     "seed": _whole(low=0, high=2**63 - 1, hint="e.g. seed=0; int(time.time()) for a fresh one"),
     "run_dir": FOLDER,
-    "ckpt_dir": FOLDER,
+    "ckpt_dir": Rule(
+        _checkpoint_dir, "folder path (str, Path) that can be made, fsspec URL (str), None"
+    ),
+    "ckpt_storage_options": Rule(_storage_options, "dict of fsspec options, None"),
     "keep_last": _whole(low=1, optional=True, hint="None keeps every checkpoint"),
     "async_save": FLAG,
     "stats_every": _whole(low=1, optional=True, hint="None writes no stats"),
     "tensorboard": FLAG,
+    "log_to": Rule(check_log_to, "`tensorboard`, `mlflow`, `wandb`, a list of them, None"),
+    "tracker_project": Rule(check_project, "name of 1-256 characters"),
+    "tracker_run_name": Rule(check_run_name, "name of 1-128 characters, None"),
+    "mlflow_tracking_uri": Rule(check_uri, "tracking URI (str), None"),
     "progress": FLAG,
     "profile": Rule(check_profile_setting, "`True`, `pt.Profile(...)`, dict of its fields, None"),
     "timeout_s": _number(high=30 * 86400, hint="seconds; at most 30 days"),

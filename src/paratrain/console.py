@@ -1,11 +1,14 @@
 """Output that happens once per job, not once per rank: text, progress bars, scalars.
 
-    console = Console(is_main=rank == 0, run_dir="runs/exp", tensorboard=True, progress=True)
+    console = Console(is_main=rank == 0, run_dir="runs/exp", progress=True, trackers=trackers)
     console.print("epoch 1 done")                  # main process only
     for batch in console.progress(loader, desc="epoch 1"):
         ...
-    console.log({"loss": 0.3}, step=10)            # metrics.jsonl (+ TensorBoard) on rank 0
+    console.log({"loss": 0.3}, step=10)            # metrics.jsonl (+ the trackers) on rank 0
     console.logger(__name__).info("saved")          # a logging.Logger silent off rank 0
+
+The experiment trackers (``log_to``: TensorBoard, MLflow, wandb) are
+:class:`paratrain.trackers.Trackers`, made by the job with the main process's flag.
 
 This is the one place the "only rank 0 prints or writes shared files" rule lives.
 """
@@ -20,8 +23,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sized
 from pathlib import Path
 from typing import Any, TypeVar
 
-from paratrain.errors import EnvironmentMismatchError
 from paratrain.run_dir import RunDir
+from paratrain.trackers import Trackers
 
 T = TypeVar("T")
 
@@ -30,15 +33,20 @@ class Console:
     """Rank-aware printing, progress and scalar logging."""
 
     def __init__(
-        self, *, is_main: bool, run_dir: str | Path, tensorboard: bool, progress: bool
+        self,
+        *,
+        is_main: bool,
+        run_dir: str | Path,
+        progress: bool,
+        trackers: Trackers | None = None,
     ) -> None:
         self.is_main = is_main
         self.layout = RunDir(run_dir)
         self.show_progress = progress
-        self._writer: Any = None
+        self.trackers = trackers if trackers is not None else Trackers()
+        """Where :meth:`log` also goes (``log_to``); none off the main process."""
+        self.trackers.warn = self.warn
         self._metrics: Any = None
-        if is_main and tensorboard:
-            self._writer = _summary_writer(self.layout.tensorboard)
 
     def print(self, *values: object, sep: str = " ", end: str = "\n", file: Any = None) -> None:
         """``print`` on the main process; a no-op elsewhere."""
@@ -61,18 +69,17 @@ class Console:
             yield from bar
 
     def log(self, metrics: Mapping[str, float], *, step: int) -> None:
-        """Append ``metrics`` to ``run_dir/metrics.jsonl`` and TensorBoard (main process)."""
+        """Append ``metrics`` to ``run_dir/metrics.jsonl`` and send them to the trackers (main
+        process only)."""
         if not self.is_main:
             return
         if self._metrics is None:
             self.layout.root.mkdir(parents=True, exist_ok=True)
             self._metrics = self.layout.metrics.open("a", encoding="utf-8")
-        record = {"step": step, "time": time.time(), **{k: float(v) for k, v in metrics.items()}}
-        self._metrics.write(json.dumps(record) + "\n")
+        values = {k: float(v) for k, v in metrics.items()}
+        self._metrics.write(json.dumps({"step": step, "time": time.time(), **values}) + "\n")
         self._metrics.flush()
-        if self._writer is not None:
-            for key, value in metrics.items():
-                self._writer.add_scalar(key, float(value), step)
+        self.trackers.log(values, step)
 
     def logger(self, name: str) -> logging.Logger:
         """A ``logging`` logger whose records are dropped on every rank but the main one."""
@@ -82,10 +89,8 @@ class Console:
         return logger
 
     def close(self) -> None:
-        """Flush and close the files this console opened."""
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        """Finish the tracker runs; flush and close the files this console opened."""
+        self.trackers.close()
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
@@ -98,14 +103,3 @@ class _MainProcessOnly(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return self.is_main
-
-
-def _summary_writer(log_dir: Path) -> Any:
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError as err:
-        raise EnvironmentMismatchError(
-            "tensorboard=True needs the tensorboard package, which is not installed. Run "
-            "`pip install 'paratrain[tensorboard]'` or pass tensorboard=False."
-        ) from err
-    return SummaryWriter(log_dir=str(log_dir))

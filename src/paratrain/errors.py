@@ -30,3 +30,9 @@ class CheckpointError(ParatrainError, RuntimeError):
 
 class CheckpointDamagedError(CheckpointError):
     """A checkpoint file is missing, resized, corrupted or unreadable (an older one may serve)."""
+
+
+class StorageError(ParatrainError, RuntimeError):
+    """Checkpoint storage at a URL (``ckpt_dir="s3://..."``) cannot be reached or refused an
+    operation. Not a CheckpointError: an outage must stop a resume, not make it skip every
+    checkpoint and start fresh."""

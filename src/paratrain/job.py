@@ -31,6 +31,7 @@ from torch import nn
 
 from paratrain import collectives
 from paratrain.checkpoint.files import atomic_torch_save
+from paratrain.checkpoint.object_storage import is_url, redacted
 from paratrain.config import RunConfig, make_config
 from paratrain.console import Console
 from paratrain.environment import LaunchEnv
@@ -41,6 +42,7 @@ from paratrain.process_group import destroy_process_group, init_process_group
 from paratrain.run_dir import RunDir
 from paratrain.strategies import select_strategy
 from paratrain.topology import Topology
+from paratrain.trackers import open_trackers
 from paratrain.version import __version__
 from paratrain.watchdog import Watchdog
 
@@ -69,8 +71,14 @@ class Job:
         self.console = Console(
             is_main=self.topology.is_main,
             run_dir=self.layout.root,
-            tensorboard=self.config.tensorboard,
             progress=self.config.progress,
+            trackers=open_trackers(
+                self.config,
+                self.layout,
+                is_main=self.topology.is_main,
+                hparams=self._settings_record,
+                step=self._default_step,
+            ),
         )
         self._closed = False
         self._started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
@@ -92,9 +100,9 @@ class Job:
             self._env.write_report(
                 {
                     "run_dir": str(self.layout.root.resolve()),
-                    "ckpt_dir": str(
-                        Path(self.config.ckpt_dir or self.layout.checkpoints).resolve()
-                    ),
+                    "ckpt_dir": self.config.ckpt_dir
+                    if is_url(self.config.ckpt_dir)
+                    else str(Path(self.config.ckpt_dir or self.layout.checkpoints).resolve()),
                     "world_size": self.topology.world_size,
                 }
             )
@@ -115,6 +123,14 @@ class Job:
         values (rewritten when a setting changes, e.g. grad_accum derived from global_batch)."""
         if not self.topology.is_main:
             return
+        path = self.layout.report
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(self._settings_record(), indent=1, allow_nan=False) + "\n")
+        os.replace(tmp, path)
+
+    def _settings_record(self) -> dict[str, Any]:
+        """What ``run.json`` holds, as JSON data (also the trackers' hyper-parameters)."""
         record = {
             "started": self._started,
             "paratrain": __version__,
@@ -126,13 +142,11 @@ class Job:
             "restart_count": self._env.restart_count,
             "settings": {
                 f.name: getattr(self.config, f.name) for f in dataclasses.fields(RunConfig)
-            },
+            }
+            | {"ckpt_storage_options": redacted(self.config.ckpt_storage_options)},
         }
-        path = self.layout.report
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(_plain(record), indent=1, allow_nan=False) + "\n")
-        os.replace(tmp, path)
+        plain: dict[str, Any] = _plain(record)
+        return plain
 
     # -- where this process is -------------------------------------------------------------
     @property
@@ -232,7 +246,7 @@ class Job:
         return self.console.logger(name)
 
     def log(self, metrics: Mapping[str, float], *, step: int | None = None) -> None:
-        """Record scalars (main process): ``run_dir/metrics.jsonl`` and TensorBoard if enabled."""
+        """Record scalars (main process): ``run_dir/metrics.jsonl`` and the ``log_to`` trackers."""
         self.console.log(metrics, step=self._default_step() if step is None else step)
 
     def _default_step(self) -> int:

@@ -57,6 +57,7 @@ from paratrain.run_loop import LoopHooks
 from paratrain.seeding import rank_seed, seed_everything
 from paratrain.stats import StatsWriter
 from paratrain.stepping import Stepper, StepRounds
+from paratrain.trackers import STATE_NAME as TRACKER_STATE
 from paratrain.tracking import Tracked, Unit
 
 T = TypeVar("T")
@@ -86,6 +87,7 @@ class Run(Job):
         """Epoch, step and grad_accum (saved by every checkpoint)."""
         self.tracked = Tracked()
         """Everything a checkpoint holds (models, optimizers, schedulers, loaders, objects)."""
+        self.tracked.add_object(self.console.trackers, TRACKER_STATE)  # ids, even with none
         self._stepper = Stepper(self.precision, self.strategy, self.config.max_grad_norm)
         self._windows = Windows(self.config.grad_accum)
         self._rounds = StepRounds()

@@ -23,6 +23,8 @@ import torch.distributed as dist
 
 from paratrain.accumulation import Windows
 from paratrain.checkpoint import resume as checkpoints
+from paratrain.checkpoint.object_storage import is_url
+from paratrain.checkpoint.remote_store import RemoteStore, open_store
 from paratrain.checkpoint.store import CheckpointStore
 from paratrain.config import RunConfig
 from paratrain.console import Console
@@ -67,25 +69,32 @@ class RunCheckpoints:
         self._resumed_at_step: int | None = None
         self._restart_recorded = False
         self._store: CheckpointStore | None = None
+        if isinstance(self.store, RemoteStore):  # bucket, credentials, endpoint: now, not later
+            self.store.check_writable()
 
     @property
-    def directory(self) -> Path:
-        """``ckpt_dir``, default ``run_dir/checkpoints``."""
+    def location(self) -> str | Path:
+        """``ckpt_dir`` (a folder or a URL), default ``run_dir/checkpoints``."""
         ckpt_dir = self.parts.config.ckpt_dir
-        return Path(ckpt_dir) if ckpt_dir else self.parts.layout.checkpoints
+        if not ckpt_dir:
+            return self.parts.layout.checkpoints
+        return ckpt_dir if is_url(ckpt_dir) else Path(ckpt_dir)
 
     @property
     def store(self) -> CheckpointStore:
         """The checkpoint store (made on first use)."""
         if self._store is None:
             config = self.parts.config
-            self._store = CheckpointStore(
-                self.directory,
+            self._store = open_store(
+                self.location,
+                staging=self.parts.layout.ckpt_staging,
+                storage_options=config.ckpt_storage_options,
                 keep_last=config.keep_last,
                 # Below the watchdog's 0.9 x timeout_s: a save called on some ranks only ends
                 # with the error that says so, not with a stall report.
                 check_timeout_s=0.8 * config.timeout_s,
                 warn=self.parts.console.warn,
+                say=self.parts.console.print,
             )
         return self._store
 
@@ -175,7 +184,7 @@ class RunCheckpoints:
             "step": p.loop.global_step,
             "epoch": p.loop.epoch,
             "resumed": resumed,
-            "checkpoint_dir": str(self.store.directory),
+            "checkpoint_dir": self.store.location,
         }
         p.layout.restarts.parent.mkdir(parents=True, exist_ok=True)
         with p.layout.restarts.open("a", encoding="utf-8") as f:

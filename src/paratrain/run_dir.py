@@ -2,11 +2,14 @@
 
     layout = RunDir("runs/exp")
     layout.checkpoints      # runs/exp/checkpoints   (run.save / run.resume; ckpt_dir overrides)
+    layout.ckpt_staging     # runs/exp/.ckpt-staging/<host>/   (local copies for a URL ckpt_dir)
     layout.stats            # runs/exp/stats/rank<r>.jsonl   (per-rank throughput, memory)
     layout.stacks           # runs/exp/stacks/rank<r>.{txt,json}   (hang diagnosis)
     layout.metrics          # runs/exp/metrics.jsonl   (run.log)
     layout.restarts         # runs/exp/restarts.jsonl  (one line per torchrun restart)
     layout.tensorboard      # runs/exp/tensorboard/
+    layout.mlruns           # runs/exp/mlruns/   (MLflow's store when no tracking URI is set)
+    layout.wandb            # runs/exp/wandb/    (wandb's run folders, offline-run-* offline)
     layout.profile          # runs/exp/profile/rank<r>.steps-<a>-<b>.{pt.trace,summary}.json
     layout.report           # runs/exp/run.json   (what the script's Run resolved)
 
@@ -36,6 +39,12 @@ class RunDir:
         return self.root / "checkpoints"
 
     @property
+    def ckpt_staging(self) -> Path:
+        """Local copies of checkpoints when ``ckpt_dir`` is a URL (a folder per machine inside:
+        the save being written, the newest uploaded or downloaded one)."""
+        return self.root / ".ckpt-staging"
+
+    @property
     def stats(self) -> Path:
         """Per-rank stats JSON lines, ``rank<r>.jsonl``."""
         return self.root / "stats"
@@ -59,6 +68,16 @@ class RunDir:
     def tensorboard(self) -> Path:
         """TensorBoard event files."""
         return self.root / "tensorboard"
+
+    @property
+    def mlruns(self) -> Path:
+        """MLflow's file store, when ``log_to`` has mlflow and no tracking URI is set."""
+        return self.root / "mlruns"
+
+    @property
+    def wandb(self) -> Path:
+        """wandb's run folders (``run-*``, or ``offline-run-*`` with WANDB_MODE=offline)."""
+        return self.root / "wandb"
 
     @property
     def profile(self) -> Path:

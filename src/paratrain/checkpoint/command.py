@@ -5,6 +5,7 @@ paratrain ckpt verify runs/exp/checkpoints          # exit 1 when nothing valid 
 paratrain ckpt convert old_dp.pth model.safetensors --to safetensors
 paratrain ckpt diff a.pt b.safetensors              # exit 1 when they differ
 paratrain ckpt diff a.pt b.pt | head -1             # a closed pipe ends the output quietly
+paratrain ckpt verify s3://bucket/run1              # URLs (any fsspec protocol) for the inputs
 
 A file or folder that is not a readable checkpoint is a one-paragraph error and exit code 2.
 The work is done by :mod:`paratrain.checkpoint.inspection` (imported when an action runs: it
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from paratrain.checkpoint.formats import FORMATS
+from paratrain.checkpoint.object_storage import is_url
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -32,25 +34,30 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     actions = ckpt.add_subparsers(title="actions", metavar="ACTION", required=True)
     p = actions.add_parser("inspect", help="format, tensors, prefixes, saved run, resume state")
-    p.add_argument("path", type=Path)
+    p.add_argument("path", type=location)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--trust", action="store_true", help="allow pickled code (trusted files)")
     p.set_defaults(handler=_inspect)
     p = actions.add_parser("verify", help="check checksums / read everything; exit 1 if bad")
-    p.add_argument("path", type=Path)
+    p.add_argument("path", type=location)
     p.set_defaults(handler=_verify)
     p = actions.add_parser("convert", help="rewrite as pt, safetensors or dcp, prefixes removed")
-    p.add_argument("src", type=Path)
-    p.add_argument("dst", type=Path)
+    p.add_argument("src", type=location)
+    p.add_argument("dst", type=location)
     p.add_argument("--to", required=True, choices=FORMATS)
     p.add_argument("--trust", action="store_true", help="allow pickled code (trusted files)")
     p.set_defaults(handler=_convert)
     p = actions.add_parser("diff", help="compare two checkpoints' tensors; exit 1 if different")
-    p.add_argument("a", type=Path)
-    p.add_argument("b", type=Path)
+    p.add_argument("a", type=location)
+    p.add_argument("b", type=location)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--trust", action="store_true", help="allow pickled code (trusted files)")
     p.set_defaults(handler=_diff)
+
+
+def location(text: str) -> str | Path:
+    """A command-line path: a URL (``s3://...``) stays text, anything else is a Path."""
+    return text if is_url(text) else Path(text)
 
 
 def _emit(lines: list[str], code: int) -> int:

@@ -4,6 +4,10 @@
     verify("model.pt")                       # (True, ["ok: ..."]) or (False, [problems])
     convert("old_dp.pth", "model.safetensors", to="safetensors")
     diff("a.pt", "b.safetensors")
+    verify("s3://bucket/run1")               # URLs too: downloaded, one checkpoint at a time
+
+A URL is read through a temporary local copy (credentials and endpoint from the environment);
+``convert`` writes local files only.
 
 Anything that is not a readable checkpoint raises :class:`~paratrain.errors.CheckpointError`
 (``verify`` reports it as a problem instead). ``paratrain ckpt`` renders the results.
@@ -13,7 +17,7 @@ from __future__ import annotations
 
 import warnings
 from collections import Counter
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import torch
@@ -27,6 +31,7 @@ from paratrain.checkpoint.loading import (
     strip_wrappers,
 )
 from paratrain.checkpoint.manifest import MANIFEST, Manifest
+from paratrain.checkpoint.object_storage import RemoteFolder, fetched, is_url, relabel
 from paratrain.checkpoint.store import PREFIX, load_trainer
 from paratrain.errors import CheckpointError
 from paratrain.paths import check_new, existing
@@ -45,7 +50,19 @@ def _summary(state: dict[str, torch.Tensor]) -> dict[str, Any]:
 
 
 def _checkpoints_in(path: Path) -> list[Path]:
+    if not path.is_dir() or (path / MANIFEST).exists():
+        return []
     return sorted((p for p in path.glob(f"{PREFIX}*") if p.is_dir()), reverse=True)
+
+
+def _remote_checkpoints_in(url: str) -> list[str]:
+    """URLs of the ``step-*`` folders at ``url``, newest name first ([]: not such a folder)."""
+    folder = RemoteFolder.open(url, what="The checkpoint URL", error=CheckpointError)
+    objects = folder.objects()
+    if MANIFEST in objects:
+        return []
+    names = {rel.split("/", 1)[0] for rel in objects if "/" in rel and rel.startswith(PREFIX)}
+    return [folder.url_of(name) for name in sorted(names, reverse=True)]
 
 
 def inspect(path: str | Path, *, trust: bool = False) -> dict[str, Any]:
@@ -54,10 +71,18 @@ def inspect(path: str | Path, *, trust: bool = False) -> dict[str, Any]:
     A folder of paratrain checkpoints (``step-*``) gives each one's validity instead.
     """
     require_bool("trust", trust)
-    path = existing(path, "The checkpoint path", CheckpointError)
-    if path.is_dir() and not (path / MANIFEST).exists() and _checkpoints_in(path):
+    folders: list[str] | list[Path]
+    if is_url(path):
+        folders = _remote_checkpoints_in(str(path))
+        if not folders:
+            with fetched(str(path)) as local:
+                return relabel(inspect(local, trust=trust), local, str(path).rstrip("/"))
+    else:
+        path = existing(path, "The checkpoint path", CheckpointError)
+        folders = _checkpoints_in(path)
+    if folders:
         entries = []
-        for folder in _checkpoints_in(path):
+        for folder in folders:
             ok, problems = verify(folder)
             entries.append({"path": str(folder), "valid": ok, "problems": [] if ok else problems})
         return {
@@ -65,6 +90,7 @@ def inspect(path: str | Path, *, trust: bool = False) -> dict[str, Any]:
             "format": "paratrain checkpoint directory",
             "checkpoints": entries,
         }
+    path = Path(path)
     state, fmt = read_state_dict(path, trust=trust)
     report: dict[str, Any] = {"path": str(path), "format": fmt, **_summary(state)}
     if (path / MANIFEST).is_file():
@@ -122,17 +148,27 @@ def _names(entry: object) -> list[str]:
 
 def verify(path: str | Path) -> tuple[bool, list[str]]:
     """Check checksums (paratrain checkpoints) or read everything (other formats)."""
-    path = existing(path, "The checkpoint path", CheckpointError)
-    if path.is_dir() and not (path / MANIFEST).exists() and _checkpoints_in(path):
+    folders: list[str] | list[Path]
+    if is_url(path):
+        folders = _remote_checkpoints_in(str(path))
+        if not folders:
+            with fetched(str(path)) as local:
+                ok, lines = verify(local)
+            return ok, relabel(lines, local, str(path).rstrip("/"))
+    else:
+        path = existing(path, "The checkpoint path", CheckpointError)
+        folders = _checkpoints_in(path)
+    if folders:
         lines, any_ok = [], False
-        for folder in _checkpoints_in(path):
+        for folder in folders:
             ok, problems = verify(folder)
             any_ok |= ok
             lines.append(
-                f"{'ok' if ok else 'BAD'}: {folder.name}"
+                f"{'ok' if ok else 'BAD'}: {PurePosixPath(str(folder)).name}"
                 + ("" if ok else f" ({'; '.join(problems)})")
             )
         return any_ok, lines
+    path = Path(path)
     if (path / MANIFEST).is_file():
         try:
             problems = Manifest.read(path).verify(path)
@@ -153,6 +189,12 @@ def convert(src: str | Path, dst: str | Path, *, to: str, trust: bool = False) -
     require_bool("trust", trust)
     if to not in FORMATS:
         raise CheckpointError(f"Unknown target format {to!r}. Available: {', '.join(FORMATS)}.")
+    if is_url(dst):
+        raise CheckpointError(
+            f"convert writes local files only, and the output {dst} is a URL. Convert to a local "
+            f"path, then upload that (e.g. `aws s3 cp model.safetensors {dst}`). Nothing was "
+            "written."
+        )
     dst = check_new(dst, "The output path", CheckpointError)
     state, fmt = read_state_dict(src, trust=trust)
     clean = {strip_wrappers(k): v.contiguous() for k, v in state.items()}

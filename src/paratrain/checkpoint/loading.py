@@ -2,11 +2,14 @@
 
     report = paratrain.load_weights(model, "old_run/model_dp.pth")      # prefixes stripped
     state, fmt = read_state_dict("ckpt_dir/step-00000300")               # without a model
+    paratrain.load_weights(model, "s3://bucket/run1/step-00000300")     # any fsspec URL
 
 Formats: plain state dicts (.pt/.pth/.bin/.ckpt), nested ones (``{"state_dict": ...}``,
 ``{"model": ...}``, Lightning), ``module.``/``_orig_mod.``/FSDP prefixes at any depth, safetensors,
 Accelerate ``save_state`` folders, DCP folders and paratrain checkpoints. ``torch.load`` always runs
 with ``weights_only=True``; a pickled ``nn.Module`` needs ``trust=True`` (a real ``bool``).
+A URL (``s3://...``) is downloaded into a temporary folder first (credentials and endpoint from
+the environment, or ``storage_options``); a paratrain checkpoint's checksums are verified there.
 Anything else, damaged files and files that are not checkpoints at all, raises
 :class:`~paratrain.errors.CheckpointError` saying what the file is not and what is accepted.
 The model given to :func:`load_weights` may be wrapped in ``DataParallel``,
@@ -28,6 +31,7 @@ from torch.nn.parallel import DistributedDataParallel
 from paratrain.checkpoint.dcp_io import read_dcp_tensors
 from paratrain.checkpoint.formats import ACCEPTED
 from paratrain.checkpoint.manifest import MANIFEST, Manifest
+from paratrain.checkpoint.object_storage import fetched, is_url
 from paratrain.checkpoint.weight_files import (
     MapLocation,
     move_to,
@@ -54,9 +58,15 @@ class LoadReport:
 
 
 def load_weights(
-    model: nn.Module, path: str | Path, *, map_location: MapLocation = "cpu", trust: bool = False
+    model: nn.Module,
+    path: str | Path,
+    *,
+    map_location: MapLocation = "cpu",
+    trust: bool = False,
+    storage_options: dict[str, Any] | None = None,
 ) -> LoadReport:
-    """Load weights from ``path`` into ``model`` strictly; explain any mismatch.
+    """Load weights from ``path`` (a file, a folder or a URL) into ``model`` strictly; explain
+    any mismatch. ``storage_options`` go to ``fsspec.url_to_fs`` for a URL.
 
     ``model`` may be wrapped (``DataParallel``, ``DistributedDataParallel``, ``torch.compile``)
     or sharded with FSDP2 (then every rank calls this; each loads its own shards).
@@ -67,7 +77,9 @@ def load_weights(
             f"load_weights(model=...) takes the torch.nn.Module to load into, got "
             f"{type(model).__name__}. Build the model first, then load_weights(model, path)."
         )
-    state, fmt = read_state_dict(path, map_location=map_location, trust=trust)
+    state, fmt = read_state_dict(
+        path, map_location=map_location, trust=trust, storage_options=storage_options
+    )
     target = unwrap(model)
     expected = target.state_dict()
     state, stripped = match_keys(state, set(expected))
@@ -151,14 +163,21 @@ def check_map_location(map_location: MapLocation) -> None:
 
 
 def read_state_dict(
-    path: str | Path, *, map_location: MapLocation = "cpu", trust: bool = False
+    path: str | Path,
+    *,
+    map_location: MapLocation = "cpu",
+    trust: bool = False,
+    storage_options: dict[str, Any] | None = None,
 ) -> tuple[dict[str, torch.Tensor], str]:
-    """The tensors stored at ``path`` (file or folder) and the name of the format.
+    """The tensors stored at ``path`` (file, folder or URL) and the name of the format.
 
     Raises CheckpointError for anything that is not a readable checkpoint.
     """
     require_bool("trust", trust)
     check_map_location(map_location)
+    if is_url(path):
+        with fetched(str(path), storage_options) as local:
+            return read_state_dict(local, map_location=map_location, trust=trust)
     path = existing(path, "The checkpoint path", CheckpointError)
     if path.is_dir():
         state, fmt = _read_dir(path, map_location, trust)

@@ -156,7 +156,22 @@ class Manifest:
             )
         try:
             text = path.read_bytes()
-            _check_own_checksum(folder, text)
+            try:
+                recorded: bytes | None = (folder / MANIFEST_CHECKSUM).read_bytes()
+            except FileNotFoundError:
+                recorded = None
+        except OSError as err:
+            raise CheckpointError(f"{path} is corrupt ({err}). Use another checkpoint.") from None
+        return cls.parse(text, recorded, where=str(path), folder=str(folder))
+
+    @classmethod
+    def parse(cls, text: bytes, recorded: bytes | None, *, where: str, folder: str) -> Manifest:
+        """The manifest in ``text`` (the bytes of ``manifest.json``), checked against
+        ``recorded`` (the bytes of ``manifest.xxh3``; None: a save that predates it). ``where``
+        and ``folder`` name the file and its checkpoint in errors."""
+        try:
+            if recorded is not None and recorded != manifest_checksum(text):
+                raise ValueError(f"it does not match its checksum in {MANIFEST_CHECKSUM}")
             raw = json.loads(text)
             if not isinstance(raw, dict):
                 raise TypeError(f"it holds a JSON {type(raw).__name__}, not an object")
@@ -169,10 +184,10 @@ class Manifest:
             _check_types(manifest)
         except RecursionError:
             raise CheckpointError(
-                f"{path} is corrupt (nested too deeply to be a manifest). Use another checkpoint."
+                f"{where} is corrupt (nested too deeply to be a manifest). Use another checkpoint."
             ) from None
-        except (OSError, ValueError, TypeError) as err:
-            raise CheckpointError(f"{path} is corrupt ({err}). Use another checkpoint.") from None
+        except (ValueError, TypeError) as err:
+            raise CheckpointError(f"{where} is corrupt ({err}). Use another checkpoint.") from None
         if manifest.format_version > FORMAT_VERSION:
             raise CheckpointError(
                 f"{folder} uses checkpoint format {manifest.format_version}, newer than this "
@@ -209,16 +224,6 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
 def manifest_checksum(text: bytes) -> bytes:
     """The content of ``manifest.xxh3`` for a manifest's bytes."""
     return f"{xxhash.xxh3_64_intdigest(text):016x}\n".encode()
-
-
-def _check_own_checksum(folder: Path, text: bytes) -> None:
-    """ValueError when ``manifest.xxh3`` exists and does not match (older saves have none)."""
-    try:
-        recorded = (folder / MANIFEST_CHECKSUM).read_bytes()
-    except FileNotFoundError:
-        return
-    if recorded != manifest_checksum(text):
-        raise ValueError(f"it does not match its checksum in {MANIFEST_CHECKSUM}")
 
 
 def _check_types(manifest: Manifest) -> None:

@@ -256,13 +256,13 @@ def resume(
     else:
         if half_loaded:
             raise CheckpointError(
-                f"No intact checkpoint in {store.directory}. The damage in "
+                f"No intact checkpoint in {store.location}. The damage in "
                 f"{', '.join(str(f) for f in half_loaded)} was found while loading it, after "
                 "some of its shards had already reached the model and optimizer, so this run "
                 "cannot start fresh from its own weights. Move the damaged checkpoint(s) out "
                 "of the folder and restart: the run then starts fresh."
             )
-        say(f"paratrain: no checkpoint in {store.directory}; starting fresh")
+        say(f"paratrain: no checkpoint in {store.location}; starting fresh")
         return None
     folder = staged.folder
     layout = pieces.layout
@@ -427,11 +427,14 @@ class CheckpointInfo:
 
 def latest(store: CheckpointStore, rank: int) -> CheckpointInfo | None:
     """The newest valid checkpoint's manifest and extras, agreed by every rank (collective)."""
-    found = _from_rank0(store.latest_valid() if rank == 0 else None)
-    if found is None:
-        return None
-    folder, manifest = found
-    return CheckpointInfo(folder, manifest, dict(load_trainer(folder).get("extras", {})))
+    found = None
+    if rank == 0:  # rank 0 reads the extras: other machines may not see its folder
+        newest = store.latest_valid()
+        if newest is not None:
+            folder, manifest = newest
+            found = (folder, manifest, dict(load_trainer(folder).get("extras", {})))
+    agreed = _from_rank0(found)
+    return None if agreed is None else CheckpointInfo(*agreed)
 
 
 def _newest_intact(

@@ -138,6 +138,12 @@ class CheckpointStore:
             f"checkpoints={len(self.committed())})"
         )
 
+    @property
+    def location(self) -> str:
+        """Where the checkpoints are, as the user named it (a folder, or a URL for
+        :class:`~paratrain.checkpoint.remote_store.RemoteStore`)."""
+        return str(self.directory)
+
     # -- saving ---------------------------------------------------------------------------
     def save(self, request: SaveRequest, *, background: bool = False) -> Path | None:
         """Write and commit a checkpoint (collective). Returns its folder (None if skipped)."""
@@ -290,14 +296,19 @@ class CheckpointStore:
 
         def commit(group: Any = None) -> None:
             """Gather every rank's file records; rank 0 writes the manifest and commits."""
-            records = [writer.records]
+            mine = (writer.records, self._publish_shards(tmp, final, writer.records))
+            gathered = [mine]
             if distributed():
-                records = [{} for _ in range(dist.get_world_size())]
-                dist.all_gather_object(records, writer.records, group=group)
+                gathered = [({}, None) for _ in range(dist.get_world_size())]
+                dist.all_gather_object(gathered, mine, group=group)
+            failures = [failure for _, failure in gathered if failure]
+            if failures:  # on every rank alike
+                raise CheckpointError(failures[0])
             if (dist.get_rank() if distributed() else 0) == 0:
-                merged = {f"dcp/{k}": v for r in records for k, v in r.items()}
+                merged = {f"dcp/{k}": v for r, _ in gathered for k, v in r.items()}
+                records = _records_of(tmp, merged)
                 self._commit(
-                    request.manifest, tmp, final, trainer, records=_records_of(tmp, merged)
+                    request.manifest, tmp, final, trainer, records=records, published=set(merged)
                 )
 
         if not background:
@@ -323,8 +334,10 @@ class CheckpointStore:
         *,
         files: dict[str, list[memoryview]] | None = None,
         records: dict[str, FileRecord] | None = None,
+        published: set[str] | None = None,
     ) -> None:
-        """Write ``files`` and ``trainer.pt`` (all durable), then the manifest, then rename."""
+        """Write ``files`` and ``trainer.pt`` (all durable), then the manifest, then rename.
+        ``published``: files the ranks already uploaded (see :meth:`_publish_shards`)."""
         buffer = io.BytesIO()
         torch.save(trainer, buffer)
         files = {**(files or {}), "trainer.pt": [buffer.getbuffer()]}
@@ -358,7 +371,17 @@ class CheckpointStore:
         folders = {tmp, *((tmp / name).parent for name in records)}
         in_parallel([functools.partial(fsync_dir, folder) for folder in folders])
         os.rename(tmp, final)  # the commit point
-        fsync_dir(self.directory)
+        fsync_dir(final.parent)
+        self._committed(final, manifest, published or set())
+
+    def _publish_shards(self, tmp: Path, final: Path, written: dict[str, FileRecord]) -> str | None:
+        """Every rank, after its DCP shards (``written``, inside ``tmp/dcp``) are on disk and
+        before rank 0 commits: nothing here (a store on object storage uploads them). Returns
+        what went wrong, or None; a failure on any rank fails the save on every rank."""
+        return None
+
+    def _committed(self, final: Path, manifest: Manifest, published: set[str]) -> None:
+        """Rank 0, right after ``final`` was committed: rotate old checkpoints."""
         self._rotate(manifest.lineage, keep=final)
 
     def _rotate(self, lineage: str, *, keep: Path) -> None:
@@ -580,12 +603,14 @@ def load_trainer(folder: Path, source: Any = None) -> dict[str, Any]:
 
 def _records_of(folder: Path, known: dict[str, FileRecord]) -> dict[str, FileRecord]:
     """The record of every file under ``folder / "dcp"``: made while it was written
-    (``known``), or read back for any file the writers did not record."""
+    (``known``), or read back for any file the writers did not record. A recorded file that is
+    not here (written into another machine's staging folder) keeps its record."""
     found = {str(p.relative_to(folder)): p for p in (folder / "dcp").rglob("*") if p.is_file()}
-    return {
+    records = {
         name: known.get(name) or FileRecord(xxh3_64=checksum_file(path), bytes=path.stat().st_size)
-        for name, path in sorted(found.items())
+        for name, path in found.items()
     }
+    return dict(sorted({**known, **records}.items()))
 
 
 def _model_in_windows(name: str, record: FileRecord) -> bool:

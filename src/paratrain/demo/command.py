@@ -22,7 +22,7 @@ from paratrain.demo.plot import plot_curves
 from paratrain.errors import ConfigError, ParatrainError
 from paratrain.launcher.plan import RunOptions, make_plan
 from paratrain.launcher.preflight import preflight
-from paratrain.paths import make_folder
+from paratrain.paths import check_creatable, make_folder
 from paratrain.run_dir import RunDir
 
 TARGET_ACCURACY = 0.95
@@ -92,6 +92,7 @@ def run_demo(args: argparse.Namespace) -> int:
     """Train, reload, compare, plot; exit code 0 when both accuracies reach the target."""
     nproc = _preflight(args)
     run_dir = args.run_dir or Path("runs/demo") / time.strftime("%Y%m%d-%H%M%S")
+    check_creatable(run_dir, "--run-dir")  # a name the OS refuses is a message, not a traceback
     if run_dir.is_dir() and any(run_dir.iterdir()):
         raise ConfigError(
             f"--run-dir {run_dir} is not empty. Pass a new folder, or leave "

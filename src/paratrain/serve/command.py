@@ -116,7 +116,11 @@ def run_serve(args: argparse.Namespace) -> int:
 
 def _servers(args: argparse.Namespace) -> list[Server]:
     root = args.root_dir or (Path("/workspace") if Path("/workspace").is_dir() else Path.cwd())
-    if not root.is_dir():
+    try:
+        found = root.is_dir()
+    except OSError:  # a name too long for the file system
+        found = False
+    if not found:
         raise ConfigError(
             f"--root-dir {root}: no such folder. Pass an existing folder for Jupyter."
         )
