@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -174,10 +175,12 @@ def test_too_many_cpu_ranks_are_refused_and_oversubscription_is_noted(
         ("--nproc-per-node=3", "Use paratrain run's own --nproc flag"),
         ("--standalone", "own --rdzv-endpoint flag"),
         ("--max_restarts=2", "own --max-restarts flag"),
+        ("", "is not a torchrun option"),
+        ([], "is not a torchrun option"),  # what argparse makes of `--torchrun-arg=--`
     ],
 )
 def test_torchrun_args_are_checked_by_torchrun_s_parser(
-    script: Path, arg: str, needle: str
+    script: Path, arg: Any, needle: str
 ) -> None:
     with pytest.raises(ConfigError, match=re.escape(needle)):
         make_plan(RunOptions(target=[str(script)], nproc="1", torchrun_args=[arg]), env={}, gpus=0)

@@ -134,6 +134,12 @@ def _check_torchrun_args(extra: list[str], torchrun_argv: list[str], target: lis
     if not extra:
         return
     for arg in extra:
+        if not isinstance(arg, str) or not arg:  # argparse turns `--torchrun-arg=--` into []
+            raise ConfigError(
+                f"--torchrun-arg got {arg if isinstance(arg, str) else '--'!r}, which is not a "
+                "torchrun option. Pass one option per flag, with its value after '=', e.g. "
+                "--torchrun-arg=--log-dir=logs."
+            )
         name = arg.split("=", 1)[0]
         if name in _OWN_FLAGS:
             raise ConfigError(
