@@ -126,8 +126,18 @@ def _servers(args: argparse.Namespace) -> list[Server]:
         )
     key_files = args.authorized_keys or [p.expanduser() for p in DEFAULT_KEY_FILES]
     for path in args.authorized_keys or ():
-        if not path.is_file():
+        try:
+            found = path.is_file()
+        except OSError:  # a name too long for the file system
+            found = False
+        if not found:
             raise ConfigError(f"--authorized-keys {path}: no such file. Mount it, or leave it out.")
+    try:
+        args.state_dir.expanduser().exists()
+    except OSError as err:  # a name too long for the file system
+        raise ConfigError(
+            f"--state-dir cannot be used ({err.strerror}). Choose a shorter, plain folder path."
+        ) from None
     settings = Settings(
         bind=args.bind,
         jupyter_port=None if args.no_jupyter else check_port("--jupyter-port", args.jupyter_port),
