@@ -60,3 +60,20 @@ def test_unknown_flag_and_no_traceback_from_the_installed_command() -> None:
         timeout=120,
     )
     assert proc.returncode == 2 and "unrecognized arguments: --frobnicate" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "--torchrun-arg=--", "train.py"],
+        ["serve", "--authorized-keys=--"],
+        ["run", "--run-dir=--", "train.py"],
+    ],
+)
+def test_dash_dash_as_a_flag_value_is_refused(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert "'--' is not a value" in capsys.readouterr().err

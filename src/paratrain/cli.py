@@ -90,8 +90,10 @@ def _actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
 def _refuse_empty_values(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """argparse of Python < 3.12 turns ``--flag=--`` into an empty list instead of an error."""
     for action in _actions(parser):
-        plain = type(action) is argparse._StoreAction and action.nargs is None
-        if plain and getattr(args, action.dest, None) == []:
+        value = getattr(args, action.dest, None)
+        plain = type(action) is argparse._StoreAction and action.nargs is None and value == []
+        appended = type(action) is argparse._AppendAction and action.nargs is None
+        if plain or (appended and isinstance(value, list) and [] in value):
             flag = action.option_strings[-1] if action.option_strings else action.dest
             parser.error(f"argument {flag}: '--' is not a value; give one")
 
