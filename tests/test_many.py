@@ -344,7 +344,7 @@ def test_iterable_dataset_on_several_ranks_is_split_with_a_note() -> None:
         name="loader",
         kwargs={},
     )
-    assert warnings and "keeps 1 example in (ranks x workers)" in warnings[0]
+    assert warnings and "keeps 1 example in 2 x (workers per rank)" in warnings[0]
     assert [b.view(-1).tolist() for b in loader] == [[0.0, 2.0], [4.0, 6.0]]  # rank 0's share
 
 

@@ -236,3 +236,55 @@ def test_an_hf_stream_is_split_once(tmp_path: Path) -> None:
     again, how = shard_stream(theirs, rank=1, world=2, shard="auto")
     assert "already split" in how
     assert sorted(int(d["id"]) for d in again) == [3, 4, 5, 9, 10, 11]
+
+
+def _iter_first(root: str, data: Any, stop: int | None) -> list[list[int]]:
+    """`it = iter(loader)` before anything else of the loop: the restart must resume first."""
+    seen: list[list[int]] = []
+    with pt.Run(strategy="cpu", run_dir=root, progress=False) as run:
+        net = torch.nn.Linear(1, 1)
+        model, opt = run.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
+        it = iter(run.loader(data, batch_size=2, shuffle=False, num_workers=0))
+        while run.global_step < 6:
+            batch = next(it)
+            x = batch["x"] if isinstance(batch, dict) else batch[0]
+            seen.append([int(v) for v in x.view(-1)])
+            run.backward(model(x.view(-1, 1).float()).sum())
+            run.step(opt)
+            if run.global_step == stop:
+                run.save()
+                break
+    return seen
+
+
+@pytest.mark.parametrize("kind", ["stream", "map"])
+def test_a_restart_resumes_before_an_iterator_made_first(
+    tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Ids(IterableDataset[dict[str, Any]]):
+        def __iter__(self) -> Iterator[dict[str, Any]]:
+            yield from ({"x": torch.tensor([float(i)])} for i in range(100))
+
+    data = Ids() if kind == "stream" else TensorDataset(torch.arange(100.0).view(-1, 1))
+    straight = _iter_first(str(tmp_path / "a"), data, None)
+    first = _iter_first(str(tmp_path / "b"), data, 3)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # torchrun restarted the worker
+    rest = _iter_first(str(tmp_path / "b"), data, None)
+    assert first + rest == straight
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_hf_stream_with_a_shuffle_buffer_resumes_exactly(tmp_path: Path, workers: int) -> None:
+    from tests.support.streams import write_jsonl_shards
+
+    source = ("hf-shuffled", write_jsonl_shards(tmp_path / "json", shards=2, per_shard=12))
+    kw: dict[str, Any] = {"strategy": "cpu", "workers": workers}
+    straight = train_on_stream(source, str(tmp_path / "a"), **kw)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        first = train_on_stream(source, str(tmp_path / "b"), stop_at=5, **kw)
+        rest = train_on_stream(source, str(tmp_path / "b"), **kw)
+    assert first["seen"] + rest["seen"] == straight["seen"]
+    flat = [i for step in straight["seen"] for i in step]
+    assert flat[:12] != sorted(flat[:12])  # it is shuffled
+    assert "reads and discards" in err.getvalue()  # replayed, not HF's buffer-losing state

@@ -317,8 +317,10 @@ def _checkpoint_dir(name: str, value: object) -> None:
         check_url(str(value), name)
     elif looks_mangled(value):
         raise ConfigError(
-            f"{name}={value!r} looks like a URL that went through pathlib.Path, which merges the "
-            f"// of 's3://'. Pass the URL as a str, e.g. {name}='s3://bucket/run1'."
+            f"{name}={str(value)!r} looks like a URL with one slash after the protocol (a typo, "
+            "or a URL that went through pathlib.Path, which merges the // of 's3://'). Pass the "
+            f"URL as a str with both slashes, e.g. {name}='s3://bucket/run1', or a local folder "
+            "as './name'."
         )
     else:
         _directory(name, value)

@@ -249,6 +249,9 @@ class DeviceLoader(Generic[T]):
 
     # -- iteration -----------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
+        # First: a restarted run resumes here (loop_action), so the pass chosen below starts
+        # where the checkpoint stopped, even for `it = iter(loader)` before the loop's first step.
+        self.hooks.on_pass_start(self)
         if not self.train:
             return self._iterate(self.hooks.current_epoch(), 0)
         epoch, start = self._next_pass()
@@ -275,10 +278,10 @@ class DeviceLoader(Generic[T]):
             self.loader.load_state_dict(state)  # type: ignore[attr-defined]
             if not self.stream.stateful and restored.samples:
                 self.hooks.warn(
-                    f"{self.name}: {type(self.stream.dataset).__name__} has no "
-                    "state_dict()/load_state_dict(), so resuming reads and discards the "
+                    f"{self.name}: {type(self.stream.dataset).__name__}: "
+                    f"{self.stream.replayed_because}, so resuming reads and discards the "
                     "examples each worker had consumed before the save (exact, but slow for a "
-                    "long stream). A dataset with both resumes at once."
+                    "long stream)."
                 )
         elif restored.samples:
             self._skip_about(restored.samples)
@@ -320,16 +323,18 @@ class DeviceLoader(Generic[T]):
 
     def _iterate(self, epoch: int, start: int) -> Iterator[Any]:
         sampler = self.loader.sampler
+        # Not looked up again in `finally`, which may run at interpreter exit (an unfinished
+        # `it = iter(loader)`), when module globals such as ShardedSampler are already gone.
+        sharded = sampler if isinstance(sampler, ShardedSampler) else None
         if isinstance(sampler, (ShardedSampler, DistributedSampler)):
             sampler.set_epoch(epoch)
-        if isinstance(sampler, ShardedSampler):
-            sampler.set_start(start)
+        if sharded is not None:
+            sharded.set_start(start)
         if self.pass_seed is not None and self.loader.generator is not None:
             # Iterators draw worker seeds from this generator, not from the global one, so the
             # model's random stream (dropout) does not depend on when a pass starts: resuming
             # mid-epoch then replays it exactly.
             self.loader.generator.manual_seed(self.pass_seed(epoch))
-        self.hooks.on_pass_start(self)
         self.pass_id = next(_PASSES)
         self.pass_length = _length(self.loader)
         if self.train:
@@ -361,8 +366,8 @@ class DeviceLoader(Generic[T]):
                 self.position.finished = True
         finally:
             self.in_progress = False
-            if isinstance(sampler, ShardedSampler):
-                sampler.set_start(0)
+            if sharded is not None:
+                sharded.set_start(0)
 
     # -- streams: shares and a common end ------------------------------------------------------
     def _check_shares(self, batch: Any) -> None:
@@ -551,9 +556,11 @@ def _stream_loader(
 ) -> DeviceLoader[Any]:
     """A loader over this rank's share of a stream; training ones resume where they stopped."""
     stream, how = shard_stream(dataset, rank=data_rank, world=data_size, shard=shard)
-    if "sampler" in kwargs or "batch_sampler" in kwargs:
+    for reserved in ("sampler", "batch_sampler"):
+        if reserved not in kwargs:
+            continue
         raise ConfigError(
-            f"run.loader got a sampler for {type(dataset).__name__}, an IterableDataset: a "
+            f"run.loader got {reserved}= for {type(dataset).__name__}, an IterableDataset: a "
             "stream has no indices to sample. Drop the argument; split and shuffle in the "
             "dataset (HF datasets: .shuffle(seed=, buffer_size=); webdataset: .shuffle(n))."
         )

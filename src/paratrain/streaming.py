@@ -79,6 +79,23 @@ def _stateful(obj: object) -> bool:
     )
 
 
+def _buffer_shuffled(dataset: object) -> bool:
+    """True for an HF ``datasets`` stream with a shuffle buffer (``.shuffle(buffer_size=)``),
+    whose own ``state_dict`` loses the buffered examples on resume (and, in datasets 5.2, fails
+    to load in DataLoader workers)."""
+    todo, seen = [getattr(dataset, "_ex_iterable", None)], 0
+    while todo and seen < 1000:
+        node = todo.pop()
+        seen += 1
+        if node is None:
+            continue
+        if type(node).__name__ == "BufferShuffledExamplesIterable":
+            return True
+        todo.append(getattr(node, "ex_iterable", None))
+        todo.extend(getattr(node, "ex_iterables", None) or [])
+    return False
+
+
 class StreamShard(IterableDataset[Any]):
     """One rank's share of a stream, split further over DataLoader workers, with a position.
 
@@ -91,7 +108,17 @@ class StreamShard(IterableDataset[Any]):
     def __init__(self, dataset: IterableDataset[Any], *, rank: int, world: int, split: bool):
         self.dataset = dataset
         self.rank, self.world, self.split = rank, world, split
-        self.stateful = _stateful(dataset)
+        # A shuffle buffer's state is not exact: such a stream is counted and replayed instead
+        # (its shuffle is seeded by seed and epoch, so replaying it gives the same order).
+        shuffled = _stateful(dataset) and _buffer_shuffled(dataset)
+        self.stateful = _stateful(dataset) and not shuffled
+        self.replayed_because = (
+            "its shuffle buffer cannot be saved exactly (datasets' own state drops the buffered "
+            "examples)"
+            if shuffled
+            else "it has no state_dict()/load_state_dict()"
+        )
+        """Why a resume replays this stream instead of loading its state."""
         self.consumed = 0
         """Examples of ``dataset`` read by this worker's current pass (kept or not)."""
         self.resume_at: dict[str, Any] | None = None
@@ -166,8 +193,8 @@ def shard_stream(
     if shard is True or (shard == "auto" and not splits_itself(dataset)):
         how = (
             f"{name}: every rank and worker reads the whole stream and keeps 1 example in "
-            "(ranks x workers); a dataset that splits by files itself is faster (then pass "
-            "shard=False)"
+            f"{world} x (workers per rank); a dataset that splits by files itself is faster "
+            "(then pass shard=False)"
         )
         return StreamShard(dataset, rank=rank, world=world, split=True), how
     return StreamShard(dataset, rank=rank, world=world, split=False), (

@@ -206,6 +206,7 @@ def test_unusable_urls_are_one_paragraph_errors(
     assert "names no bucket" in _refusal(ckpt_dir="s3://")
     assert "protocol 'nope'" in _refusal(ckpt_dir="nope://bucket/run")
     assert "went through pathlib.Path" in _refusal(ckpt_dir=Path("s3://b/run"))
+    assert "one slash after the protocol" in _refusal(ckpt_dir="s3:/b/run")  # not a local dir
     assert "bucket does not exist" in _refusal(ckpt_dir="s3://no-such-bucket/run")
     options = {"key": "testing"}
     assert "not a URL" in _refusal(ckpt_dir=tmp_path, ckpt_storage_options=options)

@@ -123,13 +123,14 @@ def build(source: tuple[str, Any]) -> IterableDataset[Any]:
                 empty_check=False,
             ).map(_decode)
         )
-    if kind == "hf":
+    if kind in ("hf", "hf-shuffled"):
         os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
         from datasets import load_dataset
 
-        return load_dataset("json", data_files=arg, split="train", streaming=True).with_format(  # type: ignore[no-any-return]
-            "torch"
-        )
+        stream = load_dataset("json", data_files=arg, split="train", streaming=True)
+        if kind == "hf-shuffled":  # a shuffle buffer: its own state would lose the buffer
+            stream = stream.shuffle(seed=3, buffer_size=8)
+        return stream.with_format("torch")  # type: ignore[no-any-return]
     return globals()[kind](arg)  # type: ignore[no-any-return]
 
 

@@ -48,8 +48,9 @@ def is_url(value: object) -> bool:
 
 
 def looks_mangled(value: object) -> bool:
-    """True for a path like ``s3:/bucket/x``: a URL that went through ``pathlib.Path``."""
-    return not isinstance(value, str) and _MANGLED.match(str(value)) is not None
+    """True for a path like ``s3:/bucket/x``: a URL that went through ``pathlib.Path``, or was
+    typed with one slash (a local folder named ``s3:`` is far less likely than a typo)."""
+    return not is_url(value) and _MANGLED.match(str(value)) is not None
 
 
 def check_url(url: str, what: str, error: type[ParatrainError] = ConfigError) -> None:
