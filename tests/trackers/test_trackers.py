@@ -44,6 +44,8 @@ def test_log_to_and_tensorboard_select_the_trackers(
         (dict(log_to=5), ["log_to must be a tracker name or a list of them", "got 5"]),
         (dict(log_to={"mlflow": True}), ["log_to must be a tracker name"]),
         (dict(log_to=[None]), ["log_to must be a tracker name"]),
+        (dict(log_to="mlflow,tensorboard"), ["go in a list: log_to=['mlflow', 'tensorboard']"]),
+        (dict(log_to=["mlflow", "mlflow"]), ["'mlflow' more than once"]),
         (dict(tracker_project="a\tb"), ["tracker_project must be a name", "'a\\tb'"]),
         (dict(log_to="wandb", tracker_project="a/b"), ["'a/b' cannot name a wandb project"]),
         (dict(tracker_project=""), ["tracker_project must be a name"]),

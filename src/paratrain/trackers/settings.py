@@ -49,12 +49,21 @@ def check_log_to(name: str, value: object) -> None:
         )
     for tracker in names:
         if tracker not in TRACKER_NAMES:
+            parts = [p.strip() for p in tracker.replace(";", ",").split(",")]
             close = difflib.get_close_matches(tracker, TRACKER_NAMES, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
+            if len(parts) > 1 and all(p in TRACKER_NAMES for p in parts):
+                hint = f" Several trackers go in a list: {name}={parts!r}."
             raise ConfigError(
                 f"Unknown tracker {tracker!r} in {name}.{hint} Known trackers: {known}. Pass "
                 f"e.g. {name}=['mlflow'], or several: {name}=['tensorboard', 'mlflow', 'wandb']."
             )
+    twice = sorted({n for n in names if list(names).count(n) > 1})
+    if twice:
+        raise ConfigError(
+            f"{name} names {', '.join(repr(n) for n in twice)} more than once; each tracker is "
+            f"one run. Pass each once, e.g. {name}={list(dict.fromkeys(names))!r}."
+        )
 
 
 def check_project(name: str, value: object) -> None:
