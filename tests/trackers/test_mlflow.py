@@ -70,3 +70,18 @@ def test_a_store_that_cannot_be_used_is_an_error_naming_the_setting(tmp_path: Pa
         run.log({"loss": 1.0}, step=1)
     message = str(err.value)
     assert "nosuchscheme://host/x" in message and "mlflow_tracking_uri" in message, message
+
+
+def test_a_server_that_refuses_connections_fails_at_once(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:  # a port nobody listens on
+        taken.bind(("127.0.0.1", 0))
+        uri = f"http://127.0.0.1:{taken.getsockname()[1]}"
+    settings = {"log_to": "mlflow", "mlflow_tracking_uri": uri}
+    with (
+        pt.Run(strategy="cpu", run_dir=tmp_path, progress=False, **settings) as run,
+        pytest.raises(EnvironmentMismatchError) as err,
+    ):
+        run.log({"loss": 1.0}, step=1)  # not after MLflow's minutes of HTTP retries
+    assert "no connection to 127.0.0.1" in str(err.value), err.value

@@ -16,7 +16,9 @@ checkpoint stay in the history next to the new values.
 from __future__ import annotations
 
 import os
+import socket
 import time
+import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
@@ -55,6 +57,7 @@ class MlflowTracker:
             # MLflow 3 refuses its file store unless asked; a file store is what was asked for.
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         try:
+            _check_reachable(self.uri)  # MLflow's own retries take minutes to give up
             from mlflow.tracking import MlflowClient
 
             self._client = MlflowClient(tracking_uri=self.uri)
@@ -118,3 +121,18 @@ class MlflowTracker:
         if self.run_id is not None:
             self._client.set_terminated(self.run_id)
             self.run_id = None
+
+
+def _check_reachable(uri: str, timeout_s: float = 10.0) -> None:
+    """Raise ``ConnectionError`` at once when an http(s) tracking server refuses or does not
+    answer a TCP connection (other URIs: nothing to check here)."""
+    parts = urllib.parse.urlsplit(uri)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname, port), timeout=timeout_s).close()
+    except OSError as err:
+        raise ConnectionError(
+            f"no connection to {parts.hostname}:{port} within {timeout_s:.0f} s ({err})"
+        ) from None
