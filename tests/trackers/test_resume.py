@@ -70,3 +70,33 @@ def test_a_log_before_resume_switches_to_the_checkpoints_runs(
     client = mlflow_client(uri)
     assert [m.step for m in client.get_metric_history(first["mlflow"]["run_id"], "late")] == [3]
     assert client.get_run(stray).info.status == "FINISHED"
+
+
+def test_an_mlflow_run_record_cut_short_by_a_kill_gives_a_new_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    uri = (tmp_path / "store").as_uri()
+    first = train(tmp_path, steps=4, save_at=3, log_to="mlflow", mlflow_tracking_uri=uri)
+    run_id = first["mlflow"]["run_id"]
+    (meta,) = (tmp_path / "store").glob(f"*/{run_id}/meta.yaml")
+    meta.write_text("")  # what a process killed while MLflow rewrote it leaves
+    second = train(tmp_path, steps=6, resume=True, log_to="mlflow", mlflow_tracking_uri=uri)
+    assert second["mlflow"]["run_id"] != run_id  # training went on, in a new run
+    assert f"MLflow run {run_id} at {uri} cannot be read" in capsys.readouterr().err
+
+
+def test_sigterm_while_trackers_close_waits_for_the_close() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import os, signal, time\n"
+        "from paratrain.trackers import _sigterm_after\n"
+        "with _sigterm_after():\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    time.sleep(0.2)\n"
+        "    print('closed', flush=True)\n"
+        "print('after', flush=True)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout == "closed\n" and done.returncode == -15, (done.stdout, done.stderr)

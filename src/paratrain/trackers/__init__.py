@@ -18,9 +18,13 @@ imports no tracker package.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib.util
+import os
+import signal
 import sys
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from paratrain.errors import EnvironmentMismatchError
@@ -202,7 +206,8 @@ class Trackers:
             return
         self._closed = True
         atexit.unregister(self.close)
-        self._close_open()
+        with _sigterm_after():
+            self._close_open()
         for name, count in self._failures.items():
             self.warn(f"{name}: {count} log call(s) failed in this run")
 
@@ -217,3 +222,22 @@ class Trackers:
 
 def _warn(message: str) -> None:
     print(f"paratrain: warning: {message}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _sigterm_after() -> Iterator[None]:
+    """Hold a SIGTERM until the block ends, then die of it. Closing writes the trackers' run
+    records (MLflow's file store rewrites meta.yaml in place): torchrun stops the surviving
+    ranks with SIGTERM when one fails, and a record cut in half would keep the restarted job from
+    continuing the run. Only the main thread can install a handler; elsewhere nothing is held."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if received:
+            os.kill(os.getpid(), signal.SIGTERM)

@@ -89,6 +89,12 @@ class MlflowTracker:
                 f"{saved.get('tracking_uri')}); logging to a new MLflow run"
             )
             return False
+        except Exception as err:  # e.g. a file store record cut short by a killed process
+            warn(
+                f"the checkpoint's MLflow run {run_id} at {self.uri} cannot be read "
+                f"({type(err).__name__}: {err}); logging to a new MLflow run"
+            )
+            return False
         if run.info.status != "RUNNING":
             self._client.update_run(run_id, status="RUNNING")
         return True
