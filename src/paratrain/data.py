@@ -457,6 +457,31 @@ def default_workers(device: torch.device, local_world_size: int) -> int:
     return max(0, min(4, (os.cpu_count() or 1) // max(local_world_size, 1) - 1))
 
 
+def _defaults(
+    kwargs: dict[str, Any],
+    device: torch.device,
+    topology: Topology,
+    num_workers: int | None,
+    *,
+    persistent: bool,
+) -> tuple[int, bool]:
+    """Fill the DataLoader defaults into ``kwargs``; (workers, whether the run owns the
+    generator that seeds them)."""
+    workers = (
+        default_workers(device, topology.local_world_size) if num_workers is None else num_workers
+    )
+    kwargs.setdefault("pin_memory", device.type == "cuda")
+    kwargs.setdefault("persistent_workers", persistent and workers > 0)
+    owns_generator = "generator" not in kwargs
+    kwargs.setdefault("generator", torch.Generator())
+    return workers, owns_generator
+
+
+def _pass_seed(seed: int, rank: int) -> Any:
+    """``epoch -> seed`` of a loader's own generator (its workers' seeds), per rank."""
+    return lambda epoch: ((seed * 1_000_003 + epoch) * 4099 + rank) % 2**63
+
+
 def make_loader(
     dataset: Dataset[Any],
     batch_size: int,
@@ -498,13 +523,7 @@ def make_loader(
                 f"run.loader chooses the {reserved} itself, so ranks get disjoint data. Drop "
                 f"{reserved}=..., or build your own DataLoader and skip run.loader."
             )
-    workers = (
-        default_workers(device, topology.local_world_size) if num_workers is None else num_workers
-    )
-    kwargs.setdefault("pin_memory", device.type == "cuda")
-    kwargs.setdefault("persistent_workers", workers > 0)
-    owns_generator = "generator" not in kwargs
-    kwargs.setdefault("generator", torch.Generator())
+    workers, owns_generator = _defaults(kwargs, device, topology, num_workers, persistent=True)
     rank, world = data_rank, data_size  # ranks of one tp group read the same share
     if train:
         sampler = build_sampler(
@@ -533,7 +552,7 @@ def make_loader(
         loader, device, hooks=hooks, train=train, world_size=world, name=name
     )
     if owns_generator:
-        device_loader.pass_seed = lambda e: ((seed * 1_000_003 + e) * 4099 + rank) % 2**63
+        device_loader.pass_seed = _pass_seed(seed, rank)
     return device_loader
 
 
@@ -564,15 +583,9 @@ def _stream_loader(
             "stream has no indices to sample. Drop the argument; split and shuffle in the "
             "dataset (HF datasets: .shuffle(seed=, buffer_size=); webdataset: .shuffle(n))."
         )
-    workers = (
-        default_workers(device, topology.local_world_size) if num_workers is None else num_workers
-    )
-    kwargs.setdefault("pin_memory", device.type == "cuda")
     # Workers keep their copy of the dataset for the life of a persistent iterator, so a new
     # epoch (set_epoch, reshuffled buffers) would not reach them: streams start workers per pass.
-    kwargs.setdefault("persistent_workers", False)
-    owns_generator = "generator" not in kwargs
-    kwargs.setdefault("generator", torch.Generator())
+    workers, owns_generator = _defaults(kwargs, device, topology, num_workers, persistent=False)
     loader: DataLoader[Any]
     if train:
         from torchdata.stateful_dataloader import StatefulDataLoader  # type: ignore[import-untyped]
@@ -594,7 +607,7 @@ def _stream_loader(
     if train and topology.world_size > 1:
         device_loader.group = hooks.stream_group()
     if owns_generator:
-        device_loader.pass_seed = lambda e: ((seed * 1_000_003 + e) * 4099 + data_rank) % 2**63
+        device_loader.pass_seed = _pass_seed(seed, data_rank)
     if stream.split and (data_size > 1 or workers > 1):
         hooks.warn(how)
     return device_loader
