@@ -247,6 +247,31 @@ class DeviceLoader(Generic[T]):
         """The underlying sampler (a ShardedSampler for training loaders)."""
         return self.loader.sampler
 
+    @property
+    def dataset(self) -> Any:
+        """The dataset given to ``run.loader`` (the whole dataset, not this rank's share:
+        ``len(loader.dataset)`` is what a DataLoader script prints as the total)."""
+        if self.stream is not None:
+            return self.stream.dataset
+        return self.loader.dataset
+
+    @property
+    def batch_size(self) -> int | None:
+        """Samples per batch on this rank (the per-rank batch)."""
+        return self.loader.batch_size
+
+    @property
+    def drop_last(self) -> bool:
+        """Whether a short last batch is dropped."""
+        return bool(self.loader.drop_last)
+
+    def __getattr__(self, name: str) -> Any:
+        # Anything else a DataLoader has (num_workers, pin_memory, collate_fn, generator, ...)
+        # reads as it does on the DataLoader inside. Only called for names not found above.
+        if name.startswith("__") or name == "loader":
+            raise AttributeError(name)
+        return getattr(self.loader, name)
+
     # -- iteration -----------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         # First: a restarted run resumes here (loop_action), so the pass chosen below starts
@@ -335,6 +360,12 @@ class DeviceLoader(Generic[T]):
             # model's random stream (dropout) does not depend on when a pass starts: resuming
             # mid-epoch then replays it exactly.
             self.loader.generator.manual_seed(self.pass_seed(epoch))
+            if start == 0 or not self.train:
+                # A DataLoader without a generator draws its base seed from the global one at
+                # every iter(), even with num_workers=0. Draw it too, so a one-process port of
+                # a DataLoader script keeps every later random number (dropout masks). A pass
+                # continued after a resume made this draw before the save: not again.
+                torch.empty((), dtype=torch.int64).random_()
         self.pass_id = next(_PASSES)
         self.pass_length = _length(self.loader)
         if self.train:

@@ -28,29 +28,94 @@ class LoopState:
     """Optimizer steps taken (a round in which several optimizers step counts once)."""
     grad_accum: int = 1
     """Micro-batches per optimizer step."""
+    epoch_start_step: int = 0
+    """``global_step`` when the current epoch began."""
+    last_epoch_steps: int | None = None
+    """Steps of the last epoch that ran to its end (None before the first)."""
+    mid_epoch_saves: bool = False
+    """True once a save was followed by a step in the same epoch of a loop whose batches no
+    training loader hands out: from then on only a save after as many steps as the last whole
+    epoch counts as an epoch's end."""
+    in_epochs: bool = False
+    """True while ``run.epochs`` drives the loop (not saved)."""
+    end_claimed: int | None = None
+    """The epoch whose end the last save claimed (not saved)."""
 
-    def state_dict(self) -> dict[str, int]:
+    def state_dict(self) -> dict[str, Any]:
         """The counters as plain data."""
-        return asdict(self)
+        saved = asdict(self)
+        del saved["in_epochs"], saved["end_claimed"]
+        return saved
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore epoch and step; ``grad_accum`` stays as configured (a changed global batch
         is reported by the resume, and kept only when asked)."""
         self.epoch = int(state["epoch"])
         self.global_step = int(state["global_step"])
+        self.epoch_start_step = int(state.get("epoch_start_step", self.global_step))
+        last = state.get("last_epoch_steps")
+        self.last_epoch_steps = None if last is None else int(last)
+        self.mid_epoch_saves = bool(state.get("mid_epoch_saves", False))
+        self.end_claimed = None
+
+    def next_epoch(self) -> None:
+        """The epoch's body ran to its end (``run.epochs`` moves on)."""
+        self.last_epoch_steps = self.global_step - self.epoch_start_step
+        self.epoch += 1
+        self.epoch_start_step = self.global_step
+        self.end_claimed = None
+
+    def stepped(self) -> bool:
+        """Count a step. True when it follows a save that claimed this epoch's end (a save in
+        the middle of an epoch of a loop that makes its own batches), the first time."""
+        self.global_step += 1
+        if self.end_claimed != self.epoch:
+            return False
+        self.end_claimed = None
+        first = not self.mid_epoch_saves
+        self.mid_epoch_saves = True
+        return first
 
 
-def epoch_to_save(epoch: int, loaders: Iterable[DeviceLoader[Any]]) -> int:
+def loop_to_save(loop: LoopState, loaders: Iterable[DeviceLoader[Any]]) -> dict[str, Any]:
+    """The loop state a checkpoint taken now holds: the epoch it continues in (see
+    :func:`epoch_to_save`); a save that ends an epoch starts the next one."""
+    epoch = epoch_to_save(loop, loaders)
+    saved = loop.state_dict()
+    if epoch > loop.epoch:
+        loop.end_claimed = loop.epoch
+        saved.update(
+            epoch=epoch,
+            epoch_start_step=loop.global_step,
+            last_epoch_steps=loop.global_step - loop.epoch_start_step,
+        )
+    return saved
+
+
+def epoch_to_save(loop: LoopState, loaders: Iterable[DeviceLoader[Any]]) -> int:
     """The epoch a checkpoint taken now continues in.
 
     A save after the epoch's training pass ran to its end (no training pass in progress, one
     finished in this epoch) is an end-of-epoch save: resume starts the next epoch rather than
     running the rest of this epoch's loop body (a per-epoch scheduler step, an evaluation) twice.
     A save at the top of an epoch, before its pass starts, continues in that epoch.
+
+    In a ``run.epochs`` loop that makes its own batches (no training loader ran a pass in this
+    epoch), a save after at least one step of the epoch ends it. Once the loop was seen to step
+    after such a save within the same epoch (it saves mid-epoch), only a save after as many
+    steps as the last whole epoch took ends it.
     """
+    epoch = loop.epoch
     train = [ld for ld in loaders if ld.train]
     if any(ld.in_progress for ld in train):
         return epoch
     if any(ld.position.epoch == epoch and ld.position.finished for ld in train):
         return epoch + 1
-    return epoch
+    if not loop.in_epochs or any(ld.position.epoch == epoch for ld in train):
+        return epoch
+    steps = loop.global_step - loop.epoch_start_step
+    if steps == 0:
+        return epoch
+    if loop.mid_epoch_saves:
+        return epoch + 1 if steps == loop.last_epoch_steps else epoch
+    return epoch + 1

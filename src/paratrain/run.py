@@ -56,7 +56,7 @@ from paratrain.run_checkpoints import RunCheckpoints, RunParts
 from paratrain.run_loop import LoopHooks
 from paratrain.seeding import rank_seed, seed_everything
 from paratrain.stats import StatsWriter
-from paratrain.stepping import Stepper, StepRounds
+from paratrain.stepping import Stepper, StepRounds, refuse_metric_scheduler
 from paratrain.trackers import STATE_NAME as TRACKER_STATE
 from paratrain.tracking import Tracked, Unit
 
@@ -210,10 +210,16 @@ class Run(Job):
         self._print_notes()
         return (wrapped, *optimizers) if optimizers else wrapped
 
-    def track(self, obj: T, name: str | None = None) -> T:
+    def track(self, obj: T, name: str | None = None, *, replicated: bool = False) -> T:
         """Save and restore ``obj`` (anything with ``state_dict``/``load_state_dict``: an EMA
-        model, a metric, a data-order object) with every checkpoint; returns ``obj``."""
-        self.tracked.add_object(obj, name)
+        model, a metric, an RNN's hidden state) with every checkpoint; returns ``obj``.
+
+        Each rank's state is saved, and a resume gives each rank its own. States equal on every
+        rank at a save (an EMA under DDP) are stored once and resume at any world size; states
+        that differ (a per-rank accumulator) resume only at the world size that saved them, and
+        elsewhere stop with an error naming ``name``. ``replicated=True`` says that rank 0's
+        state serves every rank: saved once, without comparing, restored everywhere."""
+        self.tracked.add_object(obj, name, replicated=replicated)
         self._print_notes()
         return obj
 
@@ -289,10 +295,14 @@ class Run(Job):
     def epochs(self, count: int) -> Iterator[int]:
         """Yield epoch numbers from the current one up to ``count - 1``; samplers follow them."""
         self._hooks.loop_action()
-        while self.loop.epoch < count:
-            yield self.loop.epoch
-            self._hooks.drop_unfinished_windows()
-            self.loop.epoch += 1
+        self.loop.in_epochs = True
+        try:
+            while self.loop.epoch < count:
+                yield self.loop.epoch
+                self._hooks.drop_unfinished_windows()
+                self.loop.next_epoch()
+        finally:
+            self.loop.in_epochs = False
 
     def progress(self, iterable: Iterable[T], *, desc: str | None = None) -> Iterator[T]:
         """A progress bar on the main process; the bare iterable on the other ranks."""
@@ -337,6 +347,8 @@ class Run(Job):
     def step(self, optimizer: Optimizer, scheduler: Any = None) -> bool:
         """At the end of ``optimizer``'s window: unscale, clip, step, zero_grad, step the
         ``scheduler`` (registered for checkpoints). Returns True if the optimizer stepped."""
+        if scheduler is not None:
+            refuse_metric_scheduler(scheduler)
         self._hooks.loop_action()
         unit = self.tracked.unit_of(optimizer) or self._attach(optimizer)
         if scheduler is not None:
@@ -357,7 +369,8 @@ class Run(Job):
             window.stepped.add(id(optimizer))
         if stepped:
             if self._rounds.count(optimizer):
-                self.loop.global_step += 1
+                if self.loop.stepped():
+                    self._hooks.warn_mid_epoch_save()
                 if self._profiler is not None:
                     self._profiler.step()
             self._hooks.progress()
@@ -407,6 +420,30 @@ class Run(Job):
         unit = self.tracked.attach_optimizer(optimizer)
         self.precision.optimizers.add(id(optimizer))
         return unit
+
+    def accumulation_window(self, model: nn.Module | None = None) -> int:
+        """Micro-batches of ``model``'s current accumulation window not yet applied by a step
+        (0 right after a step). ``model`` may be left out when one model is set up.
+
+            with run.accumulate(model):
+                run.backward(loss)
+            if run.accumulation_window() == 0:   # this micro-batch ended a window: it stepped
+                ...
+        """
+        units = self.tracked.units
+        if model is None:
+            if len(units) > 1:
+                raise ConfigError(
+                    f"run.accumulation_window() with {len(units)} models set up: name the one "
+                    "you mean, run.accumulation_window(model)."
+                )
+            if not units:
+                return 0
+            unit = units[0]
+        else:
+            unit = self._set_up(model)
+        window = self._windows.of(id(unit.module))
+        return window.count if window is not None and window.pending else 0
 
     def set_grad_accum(self, every: int) -> None:
         """Change the micro-batches per step (right after a step, never inside a window)."""
@@ -466,8 +503,8 @@ class Run(Job):
         Everything registered is restored; state for something registered later (a scheduler
         first given to run.step) is applied when it is registered."""
         self._register(model, optimizer, scheduler)
-        if self._checkpoints.already_resumed():
-            return self.extras if self.resumed_from is not None else None
+        # Always from the store, also right after another resume: weights changed in place since
+        # (reset_parameters(), a rollback after a loss spike) must come back too.
         return self._hooks.resume(keep_global_batch=keep_global_batch)
 
     def latest_checkpoint(self) -> CheckpointInfo | None:

@@ -66,7 +66,6 @@ class RunCheckpoints:
         self.auto_resume = parts.env.restart_count > 0
         self.saved_global_batch: tuple[int | None, bool] | None = None
         """(global batch, keep) of a resume that came before the first training loader."""
-        self._resumed_at_step: int | None = None
         self._restart_recorded = False
         self._store: CheckpointStore | None = None
         if isinstance(self.store, RemoteStore):  # bucket, credentials, endpoint: now, not later
@@ -143,10 +142,6 @@ class RunCheckpoints:
             return self.resume(keep_global_batch=False)
         return None
 
-    def already_resumed(self) -> bool:
-        """True when a resume happened and no step was taken since (resuming again is a no-op)."""
-        return self._resumed_at_step == self.parts.loop.global_step
-
     def resume(self, *, keep_global_batch: bool) -> checkpoints.Resumed | None:
         """Restore the newest valid checkpoint into the registered pieces (collective)."""
         p = self.parts
@@ -160,7 +155,6 @@ class RunCheckpoints:
             say=p.console.print,
             warn=p.console.warn,
         )
-        self._resumed_at_step = p.loop.global_step
         if resumed is not None:
             self.extras, self.resumed_from = resumed.extras, resumed.folder
             if not any(ld.train for ld in p.tracked.loaders):

@@ -196,6 +196,19 @@ class LoopHooks:
         self._in_pass[key] = (driver.pass_id, count)
         return driver.pass_length is not None and count >= driver.pass_length
 
+    def warn_mid_epoch_save(self) -> None:
+        """A step followed a save in the same epoch of a loop that makes its own batches."""
+        epoch = self.run.loop.epoch
+        self.run.console.warn(
+            f"run.save() was called in the middle of epoch {epoch}, in a `run.epochs` loop whose "
+            "batches paratrain does not hand out (no run.loader pass in this epoch), so it "
+            "cannot know which batches a resume would still have to run. A resume from such a "
+            "save continues at the start of its epoch (and from an earlier one that ended an "
+            f"epoch, at the next epoch). To resume exactly, save at the end of the epoch only, "
+            "read the batches with run.loader, or count steps with run.global_step in a "
+            "`while` loop instead of run.epochs."
+        )
+
     def drop_unfinished_windows(self) -> None:
         """At the end of an epoch: forget windows that never reached a step, and say why."""
         run = self.run

@@ -13,9 +13,13 @@ once each (a GAN's D and G); the run's global step counts rounds, so it counts i
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch.optim import Optimizer
+from torch.optim.lr_scheduler import ReduceLROnPlateau
 
+from paratrain.errors import ConfigError
 from paratrain.precision import Precision
 from paratrain.strategies import Strategy
 
@@ -76,3 +80,14 @@ class StepRounds:
             self._round = set()
         self._round.add(id(optimizer))
         return new
+
+
+def refuse_metric_scheduler(scheduler: Any) -> None:
+    """``run.step`` steps its scheduler without arguments; one that needs a metric cannot be."""
+    if isinstance(scheduler, ReduceLROnPlateau):
+        raise ConfigError(
+            "run.step(optimizer, scheduler) got a ReduceLROnPlateau, which steps on a metric "
+            "(scheduler.step(val_loss)), not after every optimizer step. Call "
+            "scheduler.step(metric) yourself after evaluating, and pass it to run.setup(..., "
+            "scheduler=) or run.track(scheduler) so that checkpoints save and restore it."
+        )

@@ -3,7 +3,7 @@
     tracked = Tracked()
     tracked.add_unit(model, [opt_g], name="model")   # run.setup
     tracked.add_scheduler(sched)            # run.setup(scheduler=), run.step, run.resume
-    tracked.add_object(ema, "ema")          # run.track
+    tracked.add_object(ema, "ema")          # run.track (per rank unless replicated=True)
     tracked.add_loader(loader)              # run.loader
 
 Registration is idempotent (the same object twice keeps its first name). A resumed checkpoint may
@@ -45,6 +45,8 @@ class Tracked:
         self.units: list[Unit] = []
         self.schedulers: dict[str, Any] = {}
         self.objects: dict[str, Any] = {}
+        self.replicated: set[str] = set()
+        """Names of objects declared the same on every rank (saved once, restored anywhere)."""
         self.loaders: list[DeviceLoader[Any]] = []
         self.pending: dict[str, Callable[[Any], None]] = {}
         """``"kind:name" -> apply(obj)``: resumed state waiting for its object."""
@@ -96,14 +98,17 @@ class Tracked:
         self.schedulers[name] = scheduler
         self._claim(f"scheduler:{name}", scheduler)
 
-    def add_object(self, obj: Any, name: str | None) -> str:
-        """Register any object with state_dict/load_state_dict (``run.track``)."""
+    def add_object(self, obj: Any, name: str | None, *, replicated: bool = False) -> str:
+        """Register any object with state_dict/load_state_dict (``run.track``). Its state is
+        saved per rank; ``replicated`` declares it the same on every rank (saved once)."""
         for key, value in self.objects.items():
             if value is obj:
                 return key
         _check_stateful(obj, "run.track")
         name = self._name(name, type(obj).__name__, list(self.objects), "run.track(obj, name=)")
         self.objects[name] = obj
+        if replicated:
+            self.replicated.add(name)
         self._claim(f"object:{name}", obj)
         return name
 

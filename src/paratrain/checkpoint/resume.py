@@ -29,6 +29,8 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 import torch.distributed as dist
+import xxhash
+from torch.utils._pytree import tree_map_only
 
 from paratrain.checkpoint.manifest import Manifest
 from paratrain.checkpoint.rng import capture_rng, reseed_rng, restore_rng
@@ -41,7 +43,7 @@ from paratrain.checkpoint.store import (
 )
 from paratrain.data import DeviceLoader
 from paratrain.errors import CheckpointDamagedError, CheckpointError, ConfigError
-from paratrain.loop_state import LoopState, epoch_to_save
+from paratrain.loop_state import LoopState, loop_to_save
 from paratrain.precision import Precision
 from paratrain.tracking import Tracked, Unit
 from paratrain.version import __version__
@@ -111,7 +113,8 @@ def save(
         raise ConfigError("run.save() found no model: call run.setup(model, optimizer) first.")
     loaders = tracked.loaders
     driver = next((ld for ld in loaders if ld.in_progress), loaders[0] if loaders else None)
-    epoch = epoch_to_save(loop.epoch, loaders)
+    saved_loop = loop_to_save(loop, loaders)
+    epoch = saved_loop["epoch"]
     per_rank = driver.loader.batch_size if driver is not None else None
     manifest = Manifest(
         paratrain_version=__version__,
@@ -131,13 +134,11 @@ def save(
         models=[u.name for u in tracked.units],
     )
     trainer = {
-        "loop": {**loop.state_dict(), "epoch": epoch},
+        "loop": saved_loop,
         "loaders": {ld.name: ld.state_dict() for ld in loaders},
         "streams": _streams_of_every_rank(loaders),
         "schedulers": {k: v.state_dict() for k, v in tracked.schedulers.items()},
-        "objects": {
-            k: plain(v.state_dict(), f"run.track({k!r})") for k, v in tracked.objects.items()
-        },
+        **_objects_of_every_rank(tracked),
         "scaler": pieces.precision.state_dict(),
         "extras": plain(dict(extras or {}), "extras"),
         "rng": capture_rng(),
@@ -168,6 +169,40 @@ def _streams_of_every_rank(loaders: list[DeviceLoader[Any]]) -> list[dict[str, A
     every: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(every, local)
     return every
+
+
+def _objects_of_every_rank(tracked: Tracked) -> dict[str, Any]:
+    """``{"objects": {name: state}, "objects_per_rank": {name: [state of rank 0, 1, ...]}}``.
+
+    A state equal on every rank (compared by digest; one tiny all-gather) is kept once under
+    ``objects``; states that differ are gathered to rank 0, which writes them. Collective when
+    objects are tracked in a multi-rank run.
+    """
+    states = {
+        k: plain(v.state_dict(), f"run.track({k!r})") for k, v in tracked.objects.items()
+    }
+    shared = {k: v for k, v in states.items() if k in tracked.replicated}
+    own = {k: v for k, v in states.items() if k not in tracked.replicated}
+    if not own or not distributed():
+        return {"objects": states, "objects_per_rank": {}}
+    digests = {k: _digest(v) for k, v in own.items()}
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, digests)
+    differ = sorted(k for k in own if len({d[k] for d in every}) > 1)
+    shared.update({k: v for k, v in own.items() if k not in differ})
+    if not differ:
+        return {"objects": shared, "objects_per_rank": {}}
+    mine = tree_map_only(torch.Tensor, lambda t: t.detach().cpu(), {k: own[k] for k in differ})
+    gathered: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(mine, gathered, dst=0)
+    per_rank = {k: [g[k] for g in gathered] for k in differ} if gathered is not None else {}
+    return {"objects": shared, "objects_per_rank": per_rank}
+
+
+def _digest(state: Any) -> str:
+    buffer = io.BytesIO()
+    torch.save(tree_map_only(torch.Tensor, lambda t: t.detach().cpu(), state), buffer)
+    return xxhash.xxh3_128_hexdigest(buffer.getvalue())
 
 
 _PLAIN = (bool, int, float, str, bytes, type(None))
@@ -364,7 +399,37 @@ def _restore_rest(pieces: Pieces, trainer: dict[str, Any], *, rank: int | None) 
         _apply_or_defer(tracked, "scheduler", name, tracked.schedulers.get(name), state)
     for name, state in objects.items():
         _apply_or_defer(tracked, "object", name, tracked.objects.get(name), state)
+    per_rank: dict[str, list[Any]] = trainer.get("objects_per_rank", {})
+    for name, states in per_rank.items():
+        restore = _per_rank_restorer(tracked, name, states, rank)
+        if name in tracked.objects:
+            restore(tracked.objects[name])
+        else:
+            tracked.defer(f"object:{name}", restore)
     pieces.precision.load_state_dict(trainer.get("scaler"))
+
+
+def _per_rank_restorer(
+    tracked: Tracked, name: str, states: list[Any], rank: int | None
+) -> Callable[[Any], None]:
+    """Apply this rank's saved state of ``name`` (``rank`` None: saved at another layout)."""
+
+    def restore(obj: Any) -> None:
+        if rank is not None and rank < len(states):
+            obj.load_state_dict(states[rank])
+        elif name in tracked.replicated:
+            obj.load_state_dict(states[0])
+        else:
+            raise CheckpointError(
+                f"run.track({name!r}) holds a different state on each of the {len(states)} "
+                "ranks that saved it, and this run has another layout, so no state belongs to "
+                f"this rank. Resume at world size {len(states)}; or, if one state serves every "
+                f"rank, declare it with run.track(obj, {name!r}, replicated=True) (rank 0's "
+                "state is then restored everywhere); or track it under a new name to start it "
+                "afresh."
+            )
+
+    return restore
 
 
 def _apply_or_defer(tracked: Tracked, kind: str, name: str, obj: Any, state: Any) -> None:

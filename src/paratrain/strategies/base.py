@@ -21,6 +21,27 @@ from paratrain.mesh import MeshShape
 from paratrain.topology import Topology
 
 
+class ForwardsAttributes(nn.Module):
+    """Base of a wrapper that holds the user's module as ``self.module`` (DDP, DataParallel):
+    the module's own attributes and methods read through the wrapper, as in one process.
+
+        model = run.setup(RNNModel(...))      # a DistributedDataParallel under ddp
+        hidden = model.init_hidden(bsz)       # the RNNModel's method, not an AttributeError
+
+    Only what the wrapper itself lacks is looked up in the module: ``model.module``,
+    ``no_sync`` and the wrapper's own attributes keep their meaning.
+    """
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            inner = self.__dict__.get("_modules", {}).get("module")
+            if inner is None or name.startswith("__"):
+                raise
+            return getattr(inner, name)
+
+
 class Strategy:
     """Base class: single-device behaviour, overridden where a strategy differs."""
 

@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from paratrain.config import RunConfig
 from paratrain.errors import ConfigError, EnvironmentMismatchError
-from paratrain.strategies.base import Strategy, average_buffers
+from paratrain.strategies.base import ForwardsAttributes, Strategy, average_buffers
 from paratrain.topology import Topology
 
 _HOOKS = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
@@ -42,6 +42,10 @@ def _buffer_sync(enabled: bool) -> dict[str, Any]:
     params = inspect.signature(DistributedDataParallel.__init__).parameters
     key = "forward_sync_buffers" if "forward_sync_buffers" in params else "broadcast_buffers"
     return {key: enabled}
+
+
+class DDPModule(ForwardsAttributes, DistributedDataParallel):
+    """DistributedDataParallel that answers the wrapped module's own attributes and methods."""
 
 
 class DDPStrategy(Strategy):
@@ -80,7 +84,7 @@ class DDPStrategy(Strategy):
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # type: ignore[no-untyped-call]
         if not split:
             model = model.to(self.device)
-        ddp = DistributedDataParallel(
+        ddp = DDPModule(
             model,
             device_ids=[self.device.index] if self.device.type == "cuda" and not split else None,
             find_unused_parameters=self.config.find_unused_parameters,

@@ -15,8 +15,12 @@ from torch import nn
 
 from paratrain.config import RunConfig
 from paratrain.errors import EnvironmentMismatchError
-from paratrain.strategies.base import Strategy
+from paratrain.strategies.base import ForwardsAttributes, Strategy
 from paratrain.topology import Topology
+
+
+class DataParallelModule(ForwardsAttributes, nn.DataParallel):  # type: ignore[type-arg]
+    """DataParallel that answers the wrapped module's own attributes and methods."""
 
 
 class DataParallelStrategy(Strategy):
@@ -48,7 +52,7 @@ class DataParallelStrategy(Strategy):
             f"`paratrain run --nproc {len(ids)} train.py` with strategy='ddp'.",
             stacklevel=3,
         )
-        return nn.DataParallel(model.to(self.device), device_ids=ids, output_device=ids[0])
+        return DataParallelModule(model.to(self.device), device_ids=ids, output_device=ids[0])
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         return model.module if isinstance(model, nn.DataParallel) else model
