@@ -46,8 +46,10 @@ def _own_batches_run(ckpt: Path, *, crash_after_epoch: int | None) -> tuple[Any,
             run.save()
             if epoch == crash_after_epoch:
                 raise _Crash
-        return {k: v.clone() for k, v in model.state_dict().items()}, run.global_step, (
-            steps_per_epoch
+        return (
+            {k: v.clone() for k, v in model.state_dict().items()},
+            run.global_step,
+            (steps_per_epoch),
         )
 
 
@@ -174,7 +176,7 @@ def test_plateau_scheduler_in_run_step_is_refused_and_still_checkpointed(tmp_pat
 def test_second_resume_reloads_weights_changed_in_place(tmp_path: Path) -> None:
     with pt.Run(strategy="cpu", ckpt_dir=tmp_path, progress=False) as run:
         net = nn.Linear(6, 3)
-        model, opt = run.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
+        model, _ = run.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
         run.save()
         saved = {k: v.clone() for k, v in model.state_dict().items()}
         run.resume()

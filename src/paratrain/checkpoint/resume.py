@@ -178,9 +178,7 @@ def _objects_of_every_rank(tracked: Tracked) -> dict[str, Any]:
     ``objects``; states that differ are gathered to rank 0, which writes them. Collective when
     objects are tracked in a multi-rank run.
     """
-    states = {
-        k: plain(v.state_dict(), f"run.track({k!r})") for k, v in tracked.objects.items()
-    }
+    states = {k: plain(v.state_dict(), f"run.track({k!r})") for k, v in tracked.objects.items()}
     shared = {k: v for k, v in states.items() if k in tracked.replicated}
     own = {k: v for k, v in states.items() if k not in tracked.replicated}
     if not own or not distributed():

@@ -38,10 +38,10 @@ from torch.distributed.fsdp import (
 from paratrain.config import RunConfig
 from paratrain.errors import ConfigError
 from paratrain.mesh import MeshShape
-from paratrain.strategies.fsdp_methods import gather_for_methods
 from paratrain.module_policy import selected
 from paratrain.strategies.base import Strategy, average_buffers, cpu_copies
 from paratrain.strategies.ddp import check_ranks_fit_gpus
+from paratrain.strategies.fsdp_methods import gather_for_methods
 from paratrain.topology import Topology
 
 
