@@ -87,7 +87,8 @@ class Run(Job):
         """Epoch, step and grad_accum (saved by every checkpoint)."""
         self.tracked = Tracked()
         """Everything a checkpoint holds (models, optimizers, schedulers, loaders, objects)."""
-        self.tracked.add_object(self.console.trackers, TRACKER_STATE)  # ids, even with none
+        # The tracker runs' ids (rank 0 opens them): rank 0's serves every rank.
+        self.tracked.add_object(self.console.trackers, TRACKER_STATE, replicated=True)
         self._stepper = Stepper(self.precision, self.strategy, self.config.max_grad_norm)
         self._windows = Windows(self.config.grad_accum)
         self._rounds = StepRounds()

@@ -84,6 +84,8 @@ class SaveRequest:
     ``"rng"``, which the store gathers from every rank (rank ``r``'s at index ``r``)."""
     manifest: Manifest
     sharded: bool
+    gather: Callable[[], dict[str, Any]] | None = None
+    """Collective: more trainer entries, made once every rank is known to be saving."""
 
 
 @dataclass
@@ -149,6 +151,8 @@ class CheckpointStore:
         """Write and commit a checkpoint (collective). Returns its folder (None if skipped)."""
         self.wait()
         self._check_every_rank_called()
+        if request.gather is not None:
+            request.trainer.update(request.gather())
         rank = dist.get_rank() if distributed() else 0
         final, tmp = self._agree_on_folder(request.manifest.step)
         # Pipeline stages hold different parameters: optimizer settings are saved per parameter
