@@ -36,7 +36,7 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils.data import Dataset
 
-from paratrain import data
+from paratrain import data, faults
 from paratrain.accumulation import Windows
 from paratrain.checkpoint.resume import CheckpointInfo
 from paratrain.checkpoint.store import CheckpointStore
@@ -61,7 +61,6 @@ from paratrain.trackers import STATE_NAME as TRACKER_STATE
 from paratrain.tracking import Tracked, Unit
 
 T = TypeVar("T")
-Number = TypeVar("Number", int, float, torch.Tensor)
 
 
 class Run(Job):
@@ -293,6 +292,7 @@ class Run(Job):
             yield self.loop.epoch
             self._hooks.drop_unfinished_windows()
             self.loop.epoch += 1
+            faults.emit("epoch")
 
     def progress(self, iterable: Iterable[T], *, desc: str | None = None) -> Iterator[T]:
         """A progress bar on the main process; the bare iterable on the other ranks."""
@@ -370,6 +370,7 @@ class Run(Job):
                     samples=sum(ld.samples for ld in loaders),
                     data_wait_s=sum(ld.data_wait_s for ld in loaders),
                 )
+            faults.emit("step")
         return stepped
 
     def profile(self, *, wait: int = 0, warmup: int = 1, active: int = 3, **record: bool) -> None:
