@@ -9,8 +9,9 @@ Kinds are taken in the order of :data:`paratrain.faults.EVENTS`, skipping those 
 reached; with more kills than kinds, the same kinds come round again with other ordinals. Each
 kind's ordinals are spread through the run: the middle occurrence first, then a quarter and
 three quarters of the way, and so on (never the first while others are left). The kills
-alternate between the last rank and rank 0 (a rank that has the event, when the preferred one
-never has it: only the main process writes a replicated checkpoint). A ``seed`` other than 0
+alternate between the last rank and rank 0, starting with the last (another rank that has the
+event when the preferred one never has it: only the main process writes a replicated
+checkpoint). A ``seed`` other than 0
 draws the ordinals in a random order instead.
 """
 
@@ -110,19 +111,18 @@ def choose(events: list[Event], *, kills: int, world_size: int, seed: int = 0) -
     }
     kinds = [k for k in EVENTS if k in by_kind]
     chosen: list[Choice] = []
-    turn = 0
     while len(chosen) < kills and any(queues.values()):
         for kind in kinds:
             if len(chosen) == kills:
                 break
-            preferred = world_size - 1 if turn % 2 == 0 else 0
+            last = chosen[-1].point.rank if chosen else 0
+            preferred = 0 if last == world_size - 1 and chosen else world_size - 1
             ranks = sorted(by_kind[kind], key=lambda r: (r != preferred, r))
             rank = next((r for r in ranks if queues[(kind, r)]), None)
             if rank is None:
                 continue
             e = queues[(kind, rank)].pop(0)
             chosen.append(Choice(KillPoint(kind, e.n, rank), e.step, e.epoch))
-            turn += 1
     return chosen
 
 

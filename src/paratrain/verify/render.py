@@ -39,10 +39,10 @@ def show(report: Report, console: Console | None = None) -> None:
     script = " ".join(report.options.target)
     if report.failed is not None:
         failed = report.failed
-        how = "timed out" if failed.timed_out else f"exited with code {failed.code}"
         console.print(
             f"[bold red]verify-resume: the uninterrupted run of {escape(script)} failed on its "
-            f"own ({how}), before anything was killed.[/] Its output ends with:"
+            f"own ({escape(failed.failure())}), before anything was killed.[/] Its output ends "
+            "with:"
         )
         console.print(failed.tail(), markup=False, highlight=False)
         console.print(f"Full output: {escape(str(failed.files.output))}. Fix the script first.")

@@ -131,7 +131,11 @@ class Report:
             "cost_in_runs": round(self.total_s / straight, 1) if straight else None,
             "straight_run_failed": None
             if self.failed is None
-            else {"code": self.failed.code, "output_tail": self.failed.tail()},
+            else {
+                "code": self.failed.code,
+                "failure": self.failed.failure(),
+                "output_tail": self.failed.tail(),
+            },
             "deterministic": None if self.failed else n is None,
             "nondeterminism": None if n is None else {"path": n.path, "detail": n.detail},
             "runs": [k.to_json() for k in self.kills],
@@ -198,7 +202,7 @@ def _straight(
     files = RunFiles(options.run_dir / f"straight-{i}")
     say(f"verify-resume: uninterrupted run {i} of 2 in {files.run_dir} ...")
     result = launch(options.target, nproc=options.nproc, files=files)
-    if result.code != 0 and RUN_DIR_CONFLICT in result.tail(400):
+    if result.code != 0 and RUN_DIR_CONFLICT in result.output():
         raise ConfigError(_shared_dirs(options, "its own run_dir="))
     if result.code != 0:
         report.failed = result
@@ -260,9 +264,8 @@ def _killed(
         seconds=result.seconds,
     )
     if result.code != 0:
-        outcome.result, outcome.tail = "did not finish", result.tail()
-        if result.timed_out:
-            outcome.tail = f"(stopped after {limit:.0f} s)\n{outcome.tail}"
+        outcome.result = "did not finish"
+        outcome.tail = f"({result.failure()})\n{result.tail()}"
         return outcome
     if reached is None:
         outcome.result = "kill point not reached"

@@ -25,7 +25,9 @@ from typing import Any
 
 from paratrain.environment import FINAL_STATE_VAR, KILL_VAR, TRACE_VAR, read_report
 from paratrain.faults import KillPoint
+from paratrain.launcher.command import failure_summary
 from paratrain.launcher.plan import LaunchPlan, RunOptions, make_plan
+from paratrain.launcher.supervise import AgentNoise
 
 TAIL_LINES = 40
 
@@ -74,13 +76,25 @@ class RunResult:
     report: dict[str, Any] | None
     """What the script's Run reported (None: it never created one)."""
 
-    def tail(self, lines: int = TAIL_LINES) -> str:
-        """The last ``lines`` lines of the run's output."""
+    def output(self) -> str:
+        """Everything the run printed ("" if nothing could be read)."""
         try:
-            text = self.files.output.read_text(errors="replace")
+            return self.files.output.read_text(errors="replace")
         except OSError:
             return ""
-        return "\n".join(text.splitlines()[-lines:])
+
+    def tail(self, lines: int = TAIL_LINES) -> str:
+        """The last ``lines`` lines of the run's output, without torchrun's own traceback and
+        failure table (as ``paratrain run`` shows it)."""
+        noise = AgentNoise()
+        kept = [shown for line in self.output().splitlines(True) for shown in noise.feed(line)]
+        return "\n".join("".join(kept + noise.flush()).splitlines()[-lines:])
+
+    def failure(self) -> str:
+        """How the run ended: ``rank 1 (local rank 1) was killed by SIGKILL``, or its code."""
+        if self.timed_out:
+            return "it did not end in time and was stopped"
+        return failure_summary(self.output()) or f"torchrun exited with code {self.code}"
 
 
 def plan_for(

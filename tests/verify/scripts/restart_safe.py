@@ -1,7 +1,8 @@
 """A small restart-safe script in the README's loop shape: grad_accum 2, a save every epoch,
-an evaluation pass every epoch (every kill point of ``paratrain verify-resume`` occurs).
+an evaluation pass every epoch (every kill point of ``paratrain verify-resume`` occurs), and the
+best weights so far in ``run_dir/best.pt`` (the best accuracy travels in the checkpoint's extras).
 
-    paratrain verify-resume --nproc 2 tests/verify/scripts/restart_safe.py --epochs 3
+    paratrain verify-resume --nproc 2 --compare-files best.pt tests/verify/scripts/restart_safe.py
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ def main() -> None:
     model, optimizer = run.setup(net, optimizer, scheduler=scheduler)
     loader = run.loader(train, batch_size=4)
     evaluation = run.eval_loader(test, batch_size=4)
+    best = run.extras.get("best", -1.0)  # resumes first after a restart
     for epoch in run.epochs(args.epochs):
         model.train()
         for x, y in loader:
@@ -39,7 +41,10 @@ def main() -> None:
         with torch.no_grad():
             correct = sum(int((model(x).argmax(1) == y).sum()) for x, y in evaluation)
         accuracy = run.reduce(correct, "sum") / len(test)
-        run.save(extras={"accuracy": accuracy, "epoch": epoch})
+        if accuracy > best:
+            best = accuracy
+            run.save_weights(model, run.run_dir / "best.pt")
+        run.save(extras={"best": best, "epoch": epoch})
         run.print(f"epoch {epoch}: accuracy {accuracy:.3f}")
 
 
