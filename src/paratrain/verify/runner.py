@@ -168,6 +168,8 @@ def verify(options: Options, *, say: Callable[[str], None]) -> Report:
             "there is nothing to interrupt. verify-resume checks scripts that train with "
             "pt.Run's loop; see docs/verify-resume.md."
         )
+    if len(choices) < options.kills:
+        say(f"verify-resume: the run has only {len(choices)} kill points; all of them are used")
     reference = run_state(first, world_size=options.nproc, compare_files=options.compare_files)
     second = _straight(options, 2, report, say)
     if second is None:
