@@ -113,12 +113,16 @@ def test_a_script_seeded_from_the_time_is_reported_as_not_deterministic(tmp_path
         (["own_dirs.py", "ckpt_dir", "/tmp/fixed-checkpoints"], "sets ckpt_dir='/tmp/fixed"),
         (["own_dirs.py", "run_dir", "elsewhere"], "sets its own run_dir="),
         (["no_run.py"], "without creating paratrain.Run"),
+        (["exits_hard.py"], "ended without rank 0 writing its final state"),
+        (["--compare-files", "nothing.pt", "seeded_from_time.py"], "matched no file"),
     ],
 )
 def test_scripts_that_cannot_be_verified_are_usage_errors(
     tmp_path: Path, args: list[str], needle: str
 ) -> None:
-    proc = verify_resume(str(SCRIPTS / args[0]), *args[1:], cwd=tmp_path)
+    flags = args[:2] if args[0].startswith("--") else []
+    script, *rest = args[len(flags) :]
+    proc = verify_resume(*flags, str(SCRIPTS / script), *rest, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert needle in " ".join(proc.stderr.split())
     assert "Traceback" not in proc.stderr

@@ -26,7 +26,7 @@ from paratrain.run_dir import RunDir
 from paratrain.verify.compare import Difference, compare
 from paratrain.verify.kill_points import Choice, choose, read_trace
 from paratrain.verify.runs import RunFiles, RunResult, launch, plan_for, reported_dirs
-from paratrain.verify.states import run_state
+from paratrain.verify.states import MISSING, run_state
 
 RUN_DIR_CONFLICT = "but the launcher set --run-dir"
 """In the error a script's Run raises when it passes a run_dir= of its own."""
@@ -171,6 +171,7 @@ def verify(options: Options, *, say: Callable[[str], None]) -> Report:
     if len(choices) < options.kills:
         say(f"verify-resume: the run has only {len(choices)} kill points; all of them are used")
     reference = run_state(first, world_size=options.nproc, compare_files=options.compare_files)
+    _check_reference(reference, options)
     second = _straight(options, 2, report, say)
     if second is None:
         return _done(report, started)
@@ -229,6 +230,24 @@ def _check_dirs(result: RunResult, options: Options) -> None:
         raise ConfigError(_shared_dirs(options, f"ckpt_dir={ckpt_dir!r}"))
 
 
+def _check_reference(state: dict[str, Any], options: Options) -> None:
+    """Refuse a comparison that would pass for want of anything to compare."""
+    missing = [key for key, value in state.items() if value == MISSING]
+    if missing:
+        raise ConfigError(
+            f"{options.script} ended without {missing[0]} writing its final state (it is "
+            "written when the run closes, or at a normal interpreter exit; os._exit, or a "
+            "signal, skips it), so there is nothing to compare. End the script normally, or "
+            "close the run (`with pt.Run(...) as run:` or run.close())."
+        )
+    if options.compare_files and not state.get("files"):
+        raise ConfigError(
+            f"--compare-files {options.compare_files!r} matched no file in "
+            f"{options.run_dir / 'straight-1'}. Give a pattern relative to the run dir, for a "
+            "file the script writes there (e.g. best.pt, 'exports/*.pt')."
+        )
+
+
 def _shared_dirs(options: Options, what: str) -> str:
     return (
         f"{options.script} sets {what}, outside the run dir paratrain gives each run, so the "
@@ -273,6 +292,11 @@ def _killed(
         outcome.result = "kill point not reached"
         return outcome
     state = run_state(result, world_size=options.nproc, compare_files=options.compare_files)
+    lost = next((key for key, value in state.items() if value == MISSING), None)
+    if lost is not None:
+        outcome.result = "DIFFERS"
+        outcome.difference = Difference(lost, "no final state written after the restart")
+        return outcome
     names = ("uninterrupted run", "killed run")
     differences = compare(reference, state, atol=options.atol, names=names)
     if differences:
