@@ -76,7 +76,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def verify_command(args: argparse.Namespace) -> int:
     """Run the verification and show it; the exit code says whether resume was proven."""
     from paratrain.verify import render
-    from paratrain.verify.runner import Options, verify
+    from paratrain.verify.report import Options
+    from paratrain.verify.runner import verify
 
     target = ["-m", *args.module] if args.module else list(args.target)
     if target[:1] == ["--"]:

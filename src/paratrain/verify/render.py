@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from paratrain.verify.kill_points import DESCRIPTIONS
-from paratrain.verify.runner import Report
+from paratrain.verify.report import Report
 
 STYLE = {"match": "green", "DIFFERS": "bold red"}
 
