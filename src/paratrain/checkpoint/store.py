@@ -44,6 +44,7 @@ from torch.distributed.checkpoint.state_dict_saver import async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.optim import Optimizer
 
+from paratrain import faults
 from paratrain.checkpoint import state as st
 from paratrain.checkpoint.dcp_io import RecordingWriter, SafePlanner, SafeReader, read_metadata
 from paratrain.checkpoint.files import (
@@ -359,6 +360,7 @@ class CheckpointStore:
             },
         }
         manifest.files = records
+        faults.emit("save_write")  # the files are written, the commit point is not
         # The lowest format that holds what this save uses, so older paratrain reads the rest:
         # 5 records a mesh (tp, HSDP), 4 per-block checksums.
         blocks = any(r.blocks is not None for r in records.values())
