@@ -65,7 +65,14 @@ def test_close_writes_every_registered_piece_and_the_trace_has_every_event(
     counter = state["objects"]["counter"]
     assert counter["count"] == 3 and torch.equal(counter["array"], torch.arange(3))
     assert "paratrain-trackers" not in state["objects"]
-    assert state["loop"] == {"epoch": 2, "global_step": 4, "grad_accum": 2}
+    assert state["loop"] == {
+        "epoch": 2,
+        "global_step": 4,
+        "grad_accum": 2,
+        "epoch_start_step": 4,
+        "last_epoch_steps": 2,
+        "mid_epoch_saves": False,
+    }
     assert set(state["rng"]) >= {"python", "numpy", "torch"}
     assert state["extras"] == {"best": 0.5}
     assert state["meta"] == {"rank": 0, "restart": 0, "world_size": 1}
