@@ -166,6 +166,9 @@ def _check_torchrun_args(extra: list[str], torchrun_argv: list[str], target: lis
 
 
 def _target(options: RunOptions) -> list[str]:
+    """torchrun's end of the command: ``-- script.py args`` or ``-m -- module args``. The ``--``
+    keeps the script's own flags from torchrun, whose parser would take ``--n 5`` for an
+    abbreviation of its ``--nnodes``/``--nproc-per-node`` (or refuse it as ambiguous)."""
     target = options.target
     if not target:
         raise ConfigError(
@@ -175,7 +178,7 @@ def _target(options: RunOptions) -> list[str]:
     if target[0] == "-m":
         if len(target) < 2:
             raise ConfigError("-m needs a module name: `paratrain run -m pkg.train`.")
-        return target
+        return ["-m", "--", *target[1:]]
     script = Path(target[0])
     if script.is_dir():
         raise ConfigError(
@@ -187,7 +190,7 @@ def _target(options: RunOptions) -> list[str]:
             f"Script {script} not found (working directory {Path.cwd()}). Check "
             "the path, or use `-m package.module` for a module."
         )
-    return target
+    return ["--", *target]
 
 
 def make_plan(options: RunOptions, *, env: Mapping[str, str], gpus: int) -> LaunchPlan:
