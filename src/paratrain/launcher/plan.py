@@ -39,6 +39,8 @@ class RunOptions:
     node_rank: int | None = None
     rdzv_endpoint: str | None = None
     rdzv_id: str | None = None
+    """``--rdzv-id``: the job's id (checkpoint lineage, tracker runs). Default: the Slurm job id,
+    else none (each job then generates one, see :mod:`paratrain.job_id`)."""
     max_restarts: int = 0
     run_dir: Path | None = None
     """``--run-dir``; None leaves the choice to the script (its ``run_dir=`` or the default)."""
@@ -228,8 +230,10 @@ def make_plan(options: RunOptions, *, env: Mapping[str, str], gpus: int) -> Laun
             f"--node-rank={node_rank}",
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint={endpoint}",
-            f"--rdzv-id={options.rdzv_id or 'paratrain'}",
         ]
+        rdzv_id = options.rdzv_id or env.get("SLURM_JOB_ID")
+        if rdzv_id:  # else torchrun's "none", and every Run makes a job id of its own
+            argv.append(f"--rdzv-id={rdzv_id}")
     _check_torchrun_args(options.torchrun_args, argv[3:], target)
     return LaunchPlan(
         argv=[*argv, *options.torchrun_args, *target],
