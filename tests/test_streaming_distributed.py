@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 
+from paratrain.errors import DataError
 from tests.support.distributed import run_distributed
 from tests.support.streams import train_on_stream, write_jsonl_shards, write_tar_shards
 
@@ -61,7 +62,15 @@ def _uneven_and_duplicated(root: str) -> dict[str, Any]:
     with contextlib.redirect_stderr(err):
         uneven = train_on_stream(("Uneven", [10, 4]), root + "/u", epochs=1, workers=0)
         same = train_on_stream(("Same", 8), root + "/s", epochs=1, workers=2)
-    return {"uneven": uneven["step"], "same": same["seen"], "stderr": err.getvalue()}
+    try:  # every rank shuffles with its own seed of Python's random (paratrain seeds it by rank)
+        train_on_stream(("GloballyShuffled", 40), root + "/g", epochs=1, workers=0)
+        refused = ""
+    except DataError as refusal:
+        refused = str(refusal)
+    return {
+        "uneven": uneven["step"], "same": same["seen"], "stderr": err.getvalue(),
+        "refused": refused,
+    }  # fmt: skip
 
 
 def test_uneven_shares_end_together_and_duplicates_are_reported(tmp_path: Path) -> None:
@@ -72,3 +81,4 @@ def test_uneven_shares_end_together_and_duplicates_are_reported(tmp_path: Path) 
     assert "several ranks got the same first batch" in said
     assert "workers gave identical first batches" in said
     assert results[0]["same"] == results[1]["same"]  # what the warning is about
+    assert all("the ranks read the stream (GloballyShuffled) in" in r["refused"] for r in results)

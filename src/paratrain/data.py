@@ -36,7 +36,7 @@ import torch.distributed as dist
 from torch.autograd.profiler import record_function
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
 
-from paratrain.errors import ConfigError
+from paratrain.errors import ConfigError, DataError
 from paratrain.samplers import (
     EvenBatchSampler,
     ExactOnceSampler,
@@ -44,7 +44,13 @@ from paratrain.samplers import (
     build_sampler,
     dataset_size,
 )
-from paratrain.streaming import StreamShard, fingerprint, shard_stream
+from paratrain.stream_resume import (
+    approximate_skip,
+    consumed_stages,
+    saved_workers,
+    worker_states,
+)
+from paratrain.streaming import ORDER_PREFIX, StreamShard, fingerprint, shard_stream
 from paratrain.topology import Topology
 
 __all__ = [
@@ -170,6 +176,7 @@ class DeviceLoader(Generic[T]):
         """Side group on which the ranks' streams agree to end a pass together (None: don't)."""
         self.data_rank = 0
         self._stream_state: Any = None
+        self._stream_states: list[Any] = []
         self._firsts: list[str] | None = []  # fingerprints of the first pass's first batches
         self._warned_uneven = False
 
@@ -186,11 +193,13 @@ class DeviceLoader(Generic[T]):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state`` at the next pass (a resumed run). A stream's ``state`` may
-        carry this rank's ``"stream"`` position (absent: saved at another world size)."""
-        fields = {k: v for k, v in state.items() if k != "stream"}
+        carry this rank's ``"stream"`` position (absent: saved at another world size) and every
+        saved rank's, ``"streams"`` (to split the stream anew at another layout)."""
+        fields = {k: v for k, v in state.items() if k not in ("stream", "streams")}
         self.position = Position(**fields)
         self._restored = Position(**fields)
         self._stream_state = state.get("stream")
+        self._stream_states = list(state.get("streams") or [])
 
     def _next_pass(self) -> tuple[int, int]:
         """(epoch, samples to skip) of the pass about to start."""
@@ -267,6 +276,7 @@ class DeviceLoader(Generic[T]):
         assert self.stream is not None
         self.stream.set_epoch(epoch)
         state, self._stream_state = self._stream_state, None
+        every_rank, self._stream_states = self._stream_states, []
         if restored is None or restored.epoch != epoch:
             return self._iterate(epoch, 0)
         if restored.finished:  # consumed before the save: an empty pass
@@ -274,7 +284,7 @@ class DeviceLoader(Generic[T]):
             return iter(())
         if not restored.running:  # left early before the save: the epoch starts over
             return self._iterate(epoch, 0)
-        if state is not None:
+        if state is not None and saved_workers(state) == self.loader.num_workers:
             self.loader.load_state_dict(state)  # type: ignore[attr-defined]
             if not self.stream.stateful and restored.samples:
                 self.hooks.warn(
@@ -284,20 +294,42 @@ class DeviceLoader(Generic[T]):
                     "long stream)."
                 )
         elif restored.samples:
-            self._skip_about(restored.samples)
+            self._split_anew(epoch, restored.samples, every_rank)
         return self._iterate(epoch, restored.samples)
 
-    def _skip_about(self, samples: int) -> None:
-        """Resumed at another world size: each worker skips its share of ``samples``."""
+    def _split_anew(self, epoch: int, samples: int, every_rank: list[Any]) -> None:
+        """Resumed at another layout (world size, workers): the rest of the pass is split over
+        this one, exactly when the saved states record the split, else approximately."""
         assert self.stream is not None
-        workers = max(self.loader.num_workers, 1)
-        each = samples if self.stream.split else samples // (self.world_size * workers)
-        self.stream.load_state_dict({"consumed": each, "dataset": None})
+        workers = self.loader.num_workers
+        before = {saved_workers(s) for s in every_rank} - {None}
+        was = f"{len(every_rank)} rank(s) x {before.pop()}" if len(before) == 1 else "another"
+        change = (
+            f"saved by {was} DataLoader worker(s) per rank, resumed by {self.world_size} x "
+            f"{workers} (another layout)"
+        )
+        stages = consumed_stages(every_rank) if self.stream.split else None
+        if stages is not None:
+            self.stream.load_state_dict({"stages": stages, "dataset": None, "epoch": epoch})
+            self.hooks.warn(
+                f"{self.name}: {change}: the rest of epoch {epoch} is split anew over this "
+                "layout; every worker reads the stream from its start and skips the examples "
+                "consumed before the save, so none is seen twice."
+            )
+            return
+        shares = self.world_size * max(workers, 1)
+        skip = approximate_skip(samples, split=self.stream.split, shares=shares)
+        self.stream.load_state_dict({**skip, "epoch": epoch})
+        why = (
+            "the checkpoint does not record how the stream was split"
+            if self.stream.split
+            else f"{type(self.stream.dataset).__name__} splits itself"
+        )
         self.hooks.warn(
-            f"{self.name}: saved at another world size, so the stream's position cannot be "
-            f"mapped exactly: every worker skips about {each} examples of its share "
-            f"({samples} examples were consumed in all). Resume at the saved world size for "
-            "an exact continuation."
+            f"{self.name}: {change}, and {why}, so the stream's position cannot be mapped "
+            f"exactly: in epoch {epoch} only, every worker skips about its share of the "
+            f"{samples} examples consumed. Resume with the saved world size and num_workers "
+            "for an exact continuation."
         )
 
     def _warn_second_pass(self, epoch: int, *, abandoned: bool) -> None:
@@ -379,9 +411,11 @@ class DeviceLoader(Generic[T]):
         digest = None if batch is _END else fingerprint(batch)
         if not self._firsts and self.group is not None:
             shares: list[Any] = [None] * dist.get_world_size(self.group)
-            dist.all_gather_object(shares, (self.data_rank, digest), group=self.group)
+            own = (self.data_rank, digest, self._stream_orders()[0])
+            dist.all_gather_object(shares, own, group=self.group)
+            self._check_orders([order for _, _, order in shares], "ranks")
             ranks: dict[str, set[int]] = {}
-            for data_rank, first in shares:
+            for data_rank, first, _ in shares:
                 if first is not None:
                     ranks.setdefault(first, set()).add(data_rank)
             if any(len(r) > 1 for r in ranks.values()):
@@ -396,6 +430,7 @@ class DeviceLoader(Generic[T]):
         if digest is not None and len(self._firsts) < workers:
             return
         mine, self._firsts = self._firsts, None
+        self._check_orders(self._stream_orders(), f"{workers} DataLoader workers")
         if len(set(mine)) < len(mine):
             dataset = type(self.stream.dataset).__name__ if self.stream else "the dataset"
             self.hooks.warn(
@@ -405,6 +440,31 @@ class DeviceLoader(Generic[T]):
                 "(webdataset: workersplitter=wds.split_by_worker), or pass "
                 "run.loader(..., shard=True)."
             )
+
+    def _stream_orders(self) -> list[str | None]:
+        """Each worker's digest of the stream's first examples (None: not known)."""
+        assert self.stream is not None
+        if self.loader.num_workers == 0:
+            return [self.stream.order]
+        shards = worker_states(self.loader.state_dict())  # type: ignore[attr-defined]
+        return [s.get("order") for s in shards] if shards else [None]
+
+    def _check_orders(self, orders: list[str | None], who: str) -> None:
+        """paratrain's split keeps examples by position: every reader must see one order."""
+        assert self.stream is not None
+        if not self.stream.split or len(set(orders) - {None}) < 2:
+            return
+        raise DataError(
+            f"{self.name}: the {who} read the stream ({type(self.stream.dataset).__name__}) in "
+            f"different orders (its first {ORDER_PREFIX} examples differ). paratrain splits a "
+            "stream by position (each rank and worker keeps every (ranks x workers)-th example), "
+            "so examples would be read twice or never. Give every rank and worker the same "
+            "order: shuffle with a generator seeded by a seed and the epoch (random.Random("
+            "seed + epoch), the epoch from set_epoch), not Python's global random or an unseeded "
+            "numpy/torch generator (each worker and rank seeds those differently); or split in "
+            "the dataset (torch.utils.data.get_worker_info(), torch.distributed.get_rank()) and "
+            "pass run.loader(..., shard=False)."
+        )
 
     def _all_have_batch(self, has: bool) -> bool:
         """All ranks fetched a batch (else every rank ends the pass here, together)."""
