@@ -44,13 +44,8 @@ from paratrain.samplers import (
     build_sampler,
     dataset_size,
 )
-from paratrain.stream_resume import (
-    approximate_skip,
-    consumed_stages,
-    saved_workers,
-    worker_states,
-)
-from paratrain.streaming import ORDER_PREFIX, StreamShard, fingerprint, shard_stream
+from paratrain.stream_resume import resume_elsewhere, saved_workers, worker_states
+from paratrain.streaming import StreamShard, fingerprint, order_problem, shard_stream
 from paratrain.topology import Topology
 
 __all__ = [
@@ -179,6 +174,7 @@ class DeviceLoader(Generic[T]):
         self._stream_states: list[Any] = []
         self._firsts: list[str] | None = []  # fingerprints of the first pass's first batches
         self._warned_uneven = False
+        self._order_problem: str | None = None
 
     # -- position ------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -299,38 +295,14 @@ class DeviceLoader(Generic[T]):
 
     def _split_anew(self, epoch: int, samples: int, every_rank: list[Any]) -> None:
         """Resumed at another layout (world size, workers): the rest of the pass is split over
-        this one, exactly when the saved states record the split, else approximately."""
+        this one (:func:`paratrain.stream_resume.resume_elsewhere`)."""
         assert self.stream is not None
-        workers = self.loader.num_workers
-        before = {saved_workers(s) for s in every_rank} - {None}
-        was = f"{len(every_rank)} rank(s) x {before.pop()}" if len(before) == 1 else "another"
-        change = (
-            f"saved by {was} DataLoader worker(s) per rank, resumed by {self.world_size} x "
-            f"{workers} (another layout)"
-        )
-        stages = consumed_stages(every_rank) if self.stream.split else None
-        if stages is not None:
-            self.stream.load_state_dict({"stages": stages, "dataset": None, "epoch": epoch})
-            self.hooks.warn(
-                f"{self.name}: {change}: the rest of epoch {epoch} is split anew over this "
-                "layout; every worker reads the stream from its start and skips the examples "
-                "consumed before the save, so none is seen twice."
-            )
-            return
-        shares = self.world_size * max(workers, 1)
-        skip = approximate_skip(samples, split=self.stream.split, shares=shares)
-        self.stream.load_state_dict({**skip, "epoch": epoch})
-        why = (
-            "the checkpoint does not record how the stream was split"
-            if self.stream.split
-            else f"{type(self.stream.dataset).__name__} splits itself"
-        )
-        self.hooks.warn(
-            f"{self.name}: {change}, and {why}, so the stream's position cannot be mapped "
-            f"exactly: in epoch {epoch} only, every worker skips about its share of the "
-            f"{samples} examples consumed. Resume with the saved world size and num_workers "
-            "for an exact continuation."
-        )
+        state, note = resume_elsewhere(
+            self.stream, every_rank, epoch=epoch, samples=samples, ranks=self.world_size,
+            workers=self.loader.num_workers,
+        )  # fmt: skip
+        self.stream.load_state_dict(state)
+        self.hooks.warn(f"{self.name}: {note}")
 
     def _warn_second_pass(self, epoch: int, *, abandoned: bool) -> None:
         if self._warned_second_pass:
@@ -384,6 +356,8 @@ class DeviceLoader(Generic[T]):
                 if self.group is not None and self.train:
                     if not self._all_have_batch(batch is not _END):
                         break
+                elif self._order_problem is not None:
+                    raise DataError(self._order_problem)
                 elif batch is _END:
                     break
                 self.data_wait_s += time.perf_counter() - started
@@ -454,22 +428,17 @@ class DeviceLoader(Generic[T]):
         assert self.stream is not None
         if not self.stream.split or len(set(orders) - {None}) < 2:
             return
-        raise DataError(
-            f"{self.name}: the {who} read the stream ({type(self.stream.dataset).__name__}) in "
-            f"different orders (its first {ORDER_PREFIX} examples differ). paratrain splits a "
-            "stream by position (each rank and worker keeps every (ranks x workers)-th example), "
-            "so examples would be read twice or never. Give every rank and worker the same "
-            "order: shuffle with a generator seeded by a seed and the epoch (random.Random("
-            "seed + epoch), the epoch from set_epoch), not Python's global random or an unseeded "
-            "numpy/torch generator (each worker and rank seeds those differently); or split in "
-            "the dataset (torch.utils.data.get_worker_info(), torch.distributed.get_rank()) and "
-            "pass run.loader(..., shard=False)."
-        )
+        dataset = type(self.stream.dataset).__name__
+        self._order_problem = f"{self.name}: {order_problem(who, dataset)}"
 
     def _all_have_batch(self, has: bool) -> bool:
-        """All ranks fetched a batch (else every rank ends the pass here, together)."""
-        flags = torch.tensor([int(has), -int(has)])
+        """All ranks fetched a batch (else every rank ends the pass here, together). A stream
+        order problem found by any rank stops every rank here, together."""
+        problem = self._order_problem
+        flags = torch.tensor([int(has), -int(has), -int(problem is not None)])
         dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=self.group)
+        if int(flags[2]) == -1:
+            raise DataError(problem or f"{self.name}: {_ANOTHER_RANKS_ORDER}")
         every, some = int(flags[0]) == 1, int(flags[1]) == -1
         if not every and some and not self._warned_uneven:
             self._warned_uneven = True
@@ -483,6 +452,10 @@ class DeviceLoader(Generic[T]):
 
 
 _END: Any = object()
+_ANOTHER_RANKS_ORDER = (
+    "another rank's DataLoader workers read the stream in different orders (its message says "
+    "more): paratrain's split (shard=True) needs one order in every rank and worker."
+)
 
 
 def _batch_len(batch: Any) -> int:

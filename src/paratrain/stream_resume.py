@@ -4,6 +4,8 @@
     workers = saved_workers(state)          # workers per rank in a rank's saved loader state
     shards = worker_states(state)           # every worker's StreamShard position in it
     stages = consumed_stages(every_rank)    # what all of them consumed, or None
+    state, note = resume_elsewhere(shard, every_rank, epoch=3, samples=96, ranks=2, workers=4)
+    shard.load_state_dict(state)            # the main process's copy: its workers get it
 
 At the saved layout torchdata's ``StatefulDataLoader`` restores every worker exactly. At another
 one its state cannot be loaded (torchdata asserts on the worker count), so the stream is split
@@ -19,7 +21,15 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["approximate_skip", "consumed_stages", "saved_workers", "worker_states"]
+from paratrain.streaming import StreamShard
+
+__all__ = [
+    "approximate_skip",
+    "consumed_stages",
+    "resume_elsewhere",
+    "saved_workers",
+    "worker_states",
+]
 
 _SPLIT_KEYS = ("every", "keep", "stages", "counters")
 
@@ -74,3 +84,43 @@ def approximate_skip(samples: int, *, split: bool, shares: int) -> dict[str, Any
     if split:
         return {"stages": [[[1, 0, samples]]], "consumed": 0, "dataset": None}
     return {"consumed": samples // max(shares, 1), "dataset": None}
+
+
+def resume_elsewhere(
+    shard: StreamShard,
+    every_rank: list[Any],
+    *,
+    epoch: int,
+    samples: int,
+    ranks: int,
+    workers: int,
+) -> tuple[dict[str, Any], str]:
+    """The resume state for ``shard`` (this rank's, at ``ranks`` x ``workers``) of a pass of
+    ``epoch`` saved by another layout whose ranks' loader states are ``every_rank`` and which
+    consumed ``samples`` examples in all; and a note for the user naming both layouts."""
+    before = {saved_workers(s) for s in every_rank} - {None}
+    was = f"{len(every_rank)} rank(s) x {before.pop()}" if len(before) == 1 else "another"
+    change = (
+        f"saved by {was} DataLoader worker(s) per rank, resumed by {ranks} x {workers} "
+        "(another layout)"
+    )
+    stages = consumed_stages(every_rank) if shard.split else None
+    if stages is not None:
+        note = (
+            f"{change}: the rest of epoch {epoch} is split anew over this layout; every worker "
+            "reads the stream from its start and skips the examples consumed before the save, "
+            "so none is seen twice."
+        )
+        return {"stages": stages, "dataset": None, "epoch": epoch}, note
+    skip = approximate_skip(samples, split=shard.split, shares=ranks * max(workers, 1))
+    why = (
+        "the checkpoint does not record how the stream was split"
+        if shard.split
+        else f"{type(shard.dataset).__name__} splits itself"
+    )
+    note = (
+        f"{change}, and {why}, so the stream's position cannot be mapped exactly: in epoch "
+        f"{epoch} only, every worker skips about its share of the {samples} examples consumed. "
+        "Resume with the saved world size and num_workers for an exact continuation."
+    )
+    return {**skip, "epoch": epoch}, note

@@ -47,6 +47,7 @@ __all__ = [
     "StreamShard",
     "fingerprint",
     "order_digest",
+    "order_problem",
     "shard_stream",
     "splits_itself",
 ]
@@ -247,6 +248,20 @@ def order_digest(examples: list[Any]) -> str | None:
         if not _feed_content(example, digest):
             return None
     return digest.hexdigest()
+
+
+def order_problem(who: str, dataset: str) -> str:
+    """Why a stream whose ``who`` (ranks, workers) read it in different orders is refused."""
+    return (
+        f"the {who} read the stream ({dataset}) in different orders (its first {ORDER_PREFIX} "
+        "examples differ). paratrain splits a stream by position (each rank and worker keeps "
+        "every (ranks x workers)-th example), so examples would be read twice or never. Give "
+        "every rank and worker the same order: shuffle with a generator seeded by a seed and the "
+        "epoch (random.Random(seed + epoch), the epoch from set_epoch), not Python's global "
+        "random or an unseeded numpy/torch generator (each worker and rank seeds those "
+        "differently); or split in the dataset (torch.utils.data.get_worker_info(), "
+        "torch.distributed.get_rank()) and pass run.loader(..., shard=False)."
+    )
 
 
 def _feed_content(value: Any, digest: Any) -> bool:

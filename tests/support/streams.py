@@ -92,6 +92,21 @@ class GloballyShuffled(IterableDataset[dict[str, Any]]):
             yield {"id": i, "x": torch.tensor(features(i))}
 
 
+class ShuffledInOneWorker(IterableDataset[dict[str, Any]]):
+    """In order everywhere but in worker 1 of rank 1, which shuffles: only that rank can see it."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        ids = list(range(self.n))
+        info = torch.utils.data.get_worker_info()
+        if torch.distributed.get_rank() == 1 and info is not None and info.id == 1:
+            random.Random(0).shuffle(ids)
+        for i in ids:
+            yield {"id": i, "x": torch.tensor(features(i))}
+
+
 class Uneven(IterableDataset[dict[str, Any]]):
     """Splits itself by rank (rank r yields ``sizes[r]`` examples), not by worker."""
 
