@@ -227,6 +227,16 @@ def test_a_resume_with_another_worker_count_splits_the_stream_anew(
     assert f"{before} DataLoader worker(s)" in err.getvalue()
 
 
+def test_two_resumes_in_one_epoch_on_three_layouts_see_each_example_once(tmp_path: Path) -> None:
+    source, root = ("Counting", 23), str(tmp_path)
+    with contextlib.redirect_stderr(io.StringIO()):
+        first = train_on_stream(source, root, stop_at=3, workers=2, strategy="cpu")
+        second = train_on_stream(source, root, stop_at=6, workers=3, strategy="cpu")
+        rest = train_on_stream(source, root, epochs=3, workers=0, strategy="cpu")
+    assert second["epochs"] == [0, 0, 0]  # stopped again inside the resumed epoch
+    assert _by_epoch(first, second, rest) == {e: list(range(23)) for e in range(3)}
+
+
 def test_a_stream_read_in_another_order_by_each_worker_is_refused(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="order") as info:
         train_on_stream(("GloballyShuffled", 40), str(tmp_path), workers=2, strategy="cpu")
