@@ -206,6 +206,17 @@ def test_the_skip_of_a_resume_at_another_layout_is_for_the_resumed_epoch_only(
     assert "another layout" in err.getvalue()
 
 
+def test_a_resumed_pass_left_early_starts_its_epoch_over_whole(tmp_path: Path) -> None:
+    with contextlib.redirect_stderr(io.StringIO()), pt.Run(strategy="cpu", run_dir=tmp_path) as run:
+        loader = run.loader(
+            Counting(12), batch_size=2, num_workers=2, multiprocessing_context="fork"
+        )
+        loader.load_state_dict({"epoch": 0, "samples": 6, "finished": False, "running": True})
+        next(iter(loader))  # the resumed pass, left after one batch
+        again = sorted(int(i) for batch in loader for i in batch["id"])
+    assert again == list(range(12))  # the epoch starts over: the resume's skip is spent
+
+
 def _by_epoch(*runs: dict[str, Any]) -> dict[int, list[int]]:
     ids: dict[int, list[int]] = {}
     for run in runs:

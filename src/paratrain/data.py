@@ -348,6 +348,8 @@ class DeviceLoader(Generic[T]):
         self.in_progress = True
         try:
             iterator = iter(self.loader)
+            if self.stream is not None:  # the workers have their copies: a resume is for one pass
+                self.stream.resume_at = None
             while True:
                 started = time.perf_counter()
                 batch = next(iterator, _END)
