@@ -202,13 +202,19 @@ class StreamShard(IterableDataset[Any]):
             self.counters, skip = [0] * (len(self.stages) + 1), saved[-1]
         it: Iterator[Any] = iter(self.dataset)
         self.order = None
-        if self.counters[0] == 0 and self.stateful:  # reading ahead would move its own state
-            it = self._digest_as_read(it)
-        elif self.counters[0] == 0:  # read ahead, so the first batch already carries it
-            head = list(itertools.islice(it, ORDER_PREFIX))
-            self.order = order_digest(head)
-            it = itertools.chain(head, it)
+        if self.split and self.counters[0] == 0:  # read from its start: its order is checked
+            it = self._ordered(it)
         return self._examples(it, skip)
+
+    def _ordered(self, it: Iterator[Any]) -> Iterator[Any]:
+        """``it``, with ``order`` set from its first examples: read ahead, so that the first
+        batch already carries it, unless the dataset has a state of its own (reading ahead
+        would move it past what was consumed): then as they are read."""
+        if self.stateful:
+            return self._digest_as_read(it)
+        head = list(itertools.islice(it, ORDER_PREFIX))
+        self.order = order_digest(head)
+        return itertools.chain(head, it)
 
     def _digest_as_read(self, it: Iterator[Any]) -> Iterator[Any]:
         head: list[Any] = []
