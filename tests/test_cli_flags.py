@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from paratrain.cli import build_parser
+from paratrain.cli import build_parser, parse
 
 # (command, flag, smallest allowed value) for each range-checked flag
 FLAGS = [
@@ -33,7 +33,7 @@ def _parse(argv: list[str]) -> argparse.Namespace | int:
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
-            return build_parser().parse_args(argv)
+            return parse(build_parser(), argv)
     except SystemExit as stop:
         assert stop.code == 2
         assert "Traceback" not in err.getvalue() and "error: argument" in err.getvalue()
@@ -69,4 +69,4 @@ def test_bench_nproc_lists_are_checked(text: str) -> None:
 def test_run_takes_a_module() -> None:
     parsed = _parse(["run", "--nproc", "2", "-m", "pkg.train", "--epochs", "3"])
     assert isinstance(parsed, argparse.Namespace)
-    assert parsed.module == ["pkg.train", "--epochs", "3"]
+    assert parsed.target == ["-m", "pkg.train", "--epochs", "3"] and parsed.nproc == "2"

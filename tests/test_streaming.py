@@ -17,7 +17,7 @@ from torch.utils.data import IterableDataset, TensorDataset
 
 import paratrain as pt
 from paratrain import streaming
-from paratrain.errors import ConfigError
+from paratrain.errors import ConfigError, DataError
 from paratrain.streaming import StreamShard, fingerprint, shard_stream, splits_itself
 from tests.support.streams import Counting, features, train_on_stream
 
@@ -187,16 +187,71 @@ def test_stop_and_resume_in_one_process_is_exact(
     assert ("reads and discards" in err.getvalue()) == (source[0] == "Counting")
 
 
-def test_resumed_at_another_world_size_each_worker_skips_its_share(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_skip_of_a_resume_at_another_layout_is_for_the_resumed_epoch_only(
+    tmp_path: Path, workers: int
+) -> None:
     err = io.StringIO()
+    fork = {"multiprocessing_context": "fork"} if workers else {}
+    epochs: list[list[int]] = []
     with contextlib.redirect_stderr(err), pt.Run(strategy="cpu", run_dir=tmp_path) as run:
-        loader = run.loader(Counting(12), batch_size=2, num_workers=0)
-        # What a resume applies when the checkpoint was written at another world size: the
-        # position, without this rank's stream state.
+        loader = run.loader(Counting(12), batch_size=2, num_workers=workers, **fork)
+        # What a resume applies when the checkpoint was written at another layout and holds no
+        # stream state paratrain can map: the position only.
         loader.load_state_dict({"epoch": 0, "samples": 6, "finished": False, "running": True})
-        ids = [int(i) for batch in loader for i in batch["id"]]
-    assert ids == list(range(6, 12))
-    assert "another world size" in err.getvalue()
+        for _ in run.epochs(3):
+            epochs.append(sorted(int(i) for batch in loader for i in batch["id"]))
+    assert len(epochs[0]) == 6 and len(set(epochs[0])) == 6  # about its share skipped
+    assert epochs[1] == epochs[2] == list(range(12))  # the next epochs are whole
+    assert "another layout" in err.getvalue()
+
+
+def test_a_resumed_pass_left_early_starts_its_epoch_over_whole(tmp_path: Path) -> None:
+    with contextlib.redirect_stderr(io.StringIO()), pt.Run(strategy="cpu", run_dir=tmp_path) as run:
+        loader = run.loader(
+            Counting(12), batch_size=2, num_workers=2, multiprocessing_context="fork"
+        )
+        loader.load_state_dict({"epoch": 0, "samples": 6, "finished": False, "running": True})
+        next(iter(loader))  # the resumed pass, left after one batch
+        again = sorted(int(i) for batch in loader for i in batch["id"])
+    assert again == list(range(12))  # the epoch starts over: the resume's skip is spent
+
+
+def _by_epoch(*runs: dict[str, Any]) -> dict[int, list[int]]:
+    ids: dict[int, list[int]] = {}
+    for run in runs:
+        for epoch, step in zip(run["epochs"], run["seen"], strict=True):
+            ids.setdefault(epoch, []).extend(step)
+    return {epoch: sorted(seen) for epoch, seen in ids.items()}
+
+
+@pytest.mark.parametrize(("before", "after"), [(2, 3), (2, 0), (0, 2)])
+def test_a_resume_with_another_worker_count_splits_the_stream_anew(
+    tmp_path: Path, before: int, after: int
+) -> None:
+    source = ("Counting", 23)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        first = train_on_stream(source, str(tmp_path), stop_at=3, workers=before, strategy="cpu")
+        rest = train_on_stream(source, str(tmp_path), epochs=3, workers=after, strategy="cpu")
+    assert _by_epoch(first, rest) == {e: list(range(23)) for e in range(3)}  # each id once
+    assert f"{before} DataLoader worker(s)" in err.getvalue()
+
+
+def test_two_resumes_in_one_epoch_on_three_layouts_see_each_example_once(tmp_path: Path) -> None:
+    source, root = ("Counting", 23), str(tmp_path)
+    with contextlib.redirect_stderr(io.StringIO()):
+        first = train_on_stream(source, root, stop_at=3, workers=2, strategy="cpu")
+        second = train_on_stream(source, root, stop_at=6, workers=3, strategy="cpu")
+        rest = train_on_stream(source, root, epochs=3, workers=0, strategy="cpu")
+    assert second["epochs"] == [0, 0, 0]  # stopped again inside the resumed epoch
+    assert _by_epoch(first, second, rest) == {e: list(range(23)) for e in range(3)}
+
+
+def test_a_stream_read_in_another_order_by_each_worker_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="order") as info:
+        train_on_stream(("GloballyShuffled", 40), str(tmp_path), workers=2, strategy="cpu")
+    assert "random.Random" in str(info.value)  # the fix: a generator seeded by seed and epoch
 
 
 def _own_loop(root: str, stop: int | None) -> list[int]:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 
+from paratrain.errors import DataError
 from tests.support.distributed import run_distributed
 from tests.support.streams import train_on_stream, write_jsonl_shards, write_tar_shards
 
@@ -61,7 +62,18 @@ def _uneven_and_duplicated(root: str) -> dict[str, Any]:
     with contextlib.redirect_stderr(err):
         uneven = train_on_stream(("Uneven", [10, 4]), root + "/u", epochs=1, workers=0)
         same = train_on_stream(("Same", 8), root + "/s", epochs=1, workers=2)
-    return {"uneven": uneven["step"], "same": same["seen"], "stderr": err.getvalue()}
+    refused = []
+    for source, workers in ((("GloballyShuffled", 40), 0), (("ShuffledInOneWorker", 40), 2)):
+        try:  # every rank shuffles with its own seed (paratrain seeds Python's random by rank);
+            # then only rank 1's workers differ: rank 0 must stop too, not wait in a collective
+            train_on_stream(source, f"{root}/{source[0]}", epochs=1, workers=workers, shard=True)
+            refused.append("")
+        except DataError as refusal:
+            refused.append(str(refusal))
+    return {
+        "uneven": uneven["step"], "same": same["seen"], "stderr": err.getvalue(),
+        "refused": refused,
+    }  # fmt: skip
 
 
 def test_uneven_shares_end_together_and_duplicates_are_reported(tmp_path: Path) -> None:
@@ -72,3 +84,8 @@ def test_uneven_shares_end_together_and_duplicates_are_reported(tmp_path: Path) 
     assert "several ranks got the same first batch" in said
     assert "workers gave identical first batches" in said
     assert results[0]["same"] == results[1]["same"]  # what the warning is about
+    assert all(
+        "the ranks read the stream (GloballyShuffled) in" in r["refused"][0] for r in results
+    )
+    assert "2 DataLoader workers read the stream (ShuffledInOneWorker)" in results[1]["refused"][1]
+    assert "another rank's DataLoader workers" in results[0]["refused"][1]

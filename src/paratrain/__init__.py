@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from paratrain.errors import (
     CheckpointError,
     ConfigError,
+    DataError,
     EnvironmentMismatchError,
     ModelError,
     ParatrainError,
@@ -62,6 +63,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "CheckpointError",
     "ConfigError",
+    "DataError",
     "EnvironmentMismatchError",
     "ExactOnceSampler",
     "LoadReport",

@@ -21,6 +21,7 @@ from typing import Any
 
 from paratrain.entrypoint import exit_on_user_error
 from paratrain.errors import EnvironmentMismatchError
+from paratrain.launcher.arguments import split_target
 from paratrain.version import __version__
 
 # Commands whose modules import torch; `doctor` must not depend on them importing.
@@ -100,12 +101,24 @@ def _refuse_empty_values(parser: argparse.ArgumentParser, args: argparse.Namespa
             parser.error(f"argument {flag}: '--' is not a value; give one")
 
 
+def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """``argv`` parsed; for ``run``, what follows the script path (or ``-m module``) is the
+    script's, as it is: ``args.target`` (:mod:`paratrain.launcher.arguments`)."""
+    if argv[:1] != ["run"]:
+        args = parser.parse_args(argv)
+    else:
+        own, target = split_target(argv[1:])
+        args = parser.parse_args(["run", *own])
+        args.target = target
+    _refuse_empty_values(parser, args)
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen command; return its exit code."""
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(argv[0] if argv and argv[0] in LIGHT else None)
-    args = parser.parse_args(argv)
-    _refuse_empty_values(parser, args)
+    args = parse(parser, argv)
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()

@@ -37,7 +37,7 @@ from torch.autograd.profiler import record_function
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
 
 from paratrain import faults
-from paratrain.errors import ConfigError
+from paratrain.errors import ConfigError, DataError
 from paratrain.samplers import (
     EvenBatchSampler,
     ExactOnceSampler,
@@ -45,7 +45,8 @@ from paratrain.samplers import (
     build_sampler,
     dataset_size,
 )
-from paratrain.streaming import StreamShard, fingerprint, shard_stream
+from paratrain.stream_resume import resume_elsewhere, saved_workers, worker_states
+from paratrain.streaming import StreamShard, fingerprint, order_problem, shard_stream
 from paratrain.topology import Topology
 
 __all__ = [
@@ -171,8 +172,10 @@ class DeviceLoader(Generic[T]):
         """Side group on which the ranks' streams agree to end a pass together (None: don't)."""
         self.data_rank = 0
         self._stream_state: Any = None
+        self._stream_states: list[Any] = []
         self._firsts: list[str] | None = []  # fingerprints of the first pass's first batches
         self._warned_uneven = False
+        self._order_problem: str | None = None
 
     # -- position ------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -187,11 +190,13 @@ class DeviceLoader(Generic[T]):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state`` at the next pass (a resumed run). A stream's ``state`` may
-        carry this rank's ``"stream"`` position (absent: saved at another world size)."""
-        fields = {k: v for k, v in state.items() if k != "stream"}
+        carry this rank's ``"stream"`` position (absent: saved at another world size) and every
+        saved rank's, ``"streams"`` (to split the stream anew at another layout)."""
+        fields = {k: v for k, v in state.items() if k not in ("stream", "streams")}
         self.position = Position(**fields)
         self._restored = Position(**fields)
         self._stream_state = state.get("stream")
+        self._stream_states = list(state.get("streams") or [])
 
     def _next_pass(self) -> tuple[int, int]:
         """(epoch, samples to skip) of the pass about to start."""
@@ -293,6 +298,7 @@ class DeviceLoader(Generic[T]):
         assert self.stream is not None
         self.stream.set_epoch(epoch)
         state, self._stream_state = self._stream_state, None
+        every_rank, self._stream_states = self._stream_states, []
         if restored is None or restored.epoch != epoch:
             return self._iterate(epoch, 0)
         if restored.finished:  # consumed before the save: an empty pass
@@ -300,7 +306,7 @@ class DeviceLoader(Generic[T]):
             return iter(())
         if not restored.running:  # left early before the save: the epoch starts over
             return self._iterate(epoch, 0)
-        if state is not None:
+        if state is not None and saved_workers(state) == self.loader.num_workers:
             self.loader.load_state_dict(state)  # type: ignore[attr-defined]
             if not self.stream.stateful and restored.samples:
                 self.hooks.warn(
@@ -310,21 +316,19 @@ class DeviceLoader(Generic[T]):
                     "long stream)."
                 )
         elif restored.samples:
-            self._skip_about(restored.samples)
+            self._split_anew(epoch, restored.samples, every_rank)
         return self._iterate(epoch, restored.samples)
 
-    def _skip_about(self, samples: int) -> None:
-        """Resumed at another world size: each worker skips its share of ``samples``."""
+    def _split_anew(self, epoch: int, samples: int, every_rank: list[Any]) -> None:
+        """Resumed at another layout (world size, workers): the rest of the pass is split over
+        this one (:func:`paratrain.stream_resume.resume_elsewhere`)."""
         assert self.stream is not None
-        workers = max(self.loader.num_workers, 1)
-        each = samples if self.stream.split else samples // (self.world_size * workers)
-        self.stream.load_state_dict({"consumed": each, "dataset": None})
-        self.hooks.warn(
-            f"{self.name}: saved at another world size, so the stream's position cannot be "
-            f"mapped exactly: every worker skips about {each} examples of its share "
-            f"({samples} examples were consumed in all). Resume at the saved world size for "
-            "an exact continuation."
-        )
+        state, note = resume_elsewhere(
+            self.stream, every_rank, epoch=epoch, samples=samples, ranks=self.world_size,
+            workers=self.loader.num_workers,
+        )  # fmt: skip
+        self.stream.load_state_dict(state)
+        self.hooks.warn(f"{self.name}: {note}")
 
     def _warn_second_pass(self, epoch: int, *, abandoned: bool) -> None:
         if self._warned_second_pass:
@@ -376,6 +380,8 @@ class DeviceLoader(Generic[T]):
         self.in_progress = True
         try:
             iterator = iter(self.loader)
+            if self.stream is not None:  # the workers have their copies: a resume is for one pass
+                self.stream.resume_at = None
             while True:
                 started = time.perf_counter()
                 batch = next(iterator, _END)
@@ -384,6 +390,8 @@ class DeviceLoader(Generic[T]):
                 if self.group is not None and self.train:
                     if not self._all_have_batch(batch is not _END):
                         break
+                elif self._order_problem is not None:
+                    raise DataError(self._order_problem)
                 elif batch is _END:
                     break
                 self.data_wait_s += time.perf_counter() - started
@@ -413,9 +421,11 @@ class DeviceLoader(Generic[T]):
         digest = None if batch is _END else fingerprint(batch)
         if not self._firsts and self.group is not None:
             shares: list[Any] = [None] * dist.get_world_size(self.group)
-            dist.all_gather_object(shares, (self.data_rank, digest), group=self.group)
+            own = (self.data_rank, digest, self._stream_orders()[0])
+            dist.all_gather_object(shares, own, group=self.group)
+            self._check_orders([order for _, _, order in shares], "ranks")
             ranks: dict[str, set[int]] = {}
-            for data_rank, first in shares:
+            for data_rank, first, _ in shares:
                 if first is not None:
                     ranks.setdefault(first, set()).add(data_rank)
             if any(len(r) > 1 for r in ranks.values()):
@@ -430,6 +440,7 @@ class DeviceLoader(Generic[T]):
         if digest is not None and len(self._firsts) < workers:
             return
         mine, self._firsts = self._firsts, None
+        self._check_orders(self._stream_orders(), f"{workers} DataLoader workers")
         if len(set(mine)) < len(mine):
             dataset = type(self.stream.dataset).__name__ if self.stream else "the dataset"
             self.hooks.warn(
@@ -440,10 +451,30 @@ class DeviceLoader(Generic[T]):
                 "run.loader(..., shard=True)."
             )
 
+    def _stream_orders(self) -> list[str | None]:
+        """Each worker's digest of the stream's first examples (None: not known)."""
+        assert self.stream is not None
+        if self.loader.num_workers == 0:
+            return [self.stream.order]
+        shards = worker_states(self.loader.state_dict())  # type: ignore[attr-defined]
+        return [s.get("order") for s in shards] if shards else [None]
+
+    def _check_orders(self, orders: list[str | None], who: str) -> None:
+        """paratrain's split keeps examples by position: every reader must see one order."""
+        assert self.stream is not None
+        if not self.stream.split or len(set(orders) - {None}) < 2:
+            return
+        dataset = type(self.stream.dataset).__name__
+        self._order_problem = f"{self.name}: {order_problem(who, dataset)}"
+
     def _all_have_batch(self, has: bool) -> bool:
-        """All ranks fetched a batch (else every rank ends the pass here, together)."""
-        flags = torch.tensor([int(has), -int(has)])
+        """All ranks fetched a batch (else every rank ends the pass here, together). A stream
+        order problem found by any rank stops every rank here, together."""
+        problem = self._order_problem
+        flags = torch.tensor([int(has), -int(has), -int(problem is not None)])
         dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=self.group)
+        if int(flags[2]) == -1:
+            raise DataError(problem or f"{self.name}: {_ANOTHER_RANKS_ORDER}")
         every, some = int(flags[0]) == 1, int(flags[1]) == -1
         if not every and some and not self._warned_uneven:
             self._warned_uneven = True
@@ -457,6 +488,10 @@ class DeviceLoader(Generic[T]):
 
 
 _END: Any = object()
+_ANOTHER_RANKS_ORDER = (
+    "another rank's DataLoader workers read the stream in different orders (its message says "
+    "more): paratrain's split (shard=True) needs one order in every rank and worker."
+)
 
 
 def _batch_len(batch: Any) -> int:

@@ -13,7 +13,8 @@ What a launcher passes to the script's :class:`paratrain.Run`:
 ``PARATRAIN_REPORT``       a file the main process writes the resolved run dir into (JSON),
                            so ``paratrain run`` can point at stacks and checkpoints of a
                            script that chose its own run dir.
-``TORCHELASTIC_*``         torchrun: the restart attempt and the job id.
+``TORCHELASTIC_*``         torchrun: the restart attempt and the job id (``--rdzv-id``).
+``SLURM_JOB_ID``           the job id when torchrun has none.
 =========================  ==============================================================
 
 What ``paratrain verify-resume`` passes (for testing restart safety; see
@@ -65,7 +66,8 @@ class LaunchEnv:
     restart_count: int
     """``TORCHELASTIC_RESTART_COUNT``: 0 on the first start, k after the k-th restart."""
     job_id: str | None
-    """An id shared by every attempt of this job (torchrun's run id, Slurm's job id)."""
+    """An id shared by every attempt of this job (torchrun's ``--rdzv-id``, else Slurm's job
+    id); None when neither gives one (:mod:`paratrain.job_id` then generates it)."""
     trace: str | None = None
     """``PARATRAIN_TRACE``: the folder each rank appends its loop events to."""
     kill: KillPoint | None = None
@@ -85,7 +87,9 @@ class LaunchEnv:
                 f"TORCHELASTIC_RESTART_COUNT={raw!r} is not a whole number. Unset it; torchrun "
                 "sets it for its workers."
             ) from None
-        job = env.get("TORCHELASTIC_RUN_ID") or env.get("SLURM_JOB_ID")
+        # torchrun's default --rdzv-id is "none": no id of the job's own, so Slurm's, if any.
+        rdzv = env.get("TORCHELASTIC_RUN_ID")
+        job = rdzv if rdzv not in (None, "", "none") else env.get("SLURM_JOB_ID")
         return cls(
             run_dir=env.get(RUN_DIR_VAR) or None,
             backend=env.get(BACKEND_VAR) or None,

@@ -36,3 +36,8 @@ class StorageError(ParatrainError, RuntimeError):
     """Checkpoint storage at a URL (``ckpt_dir="s3://..."``) cannot be reached or refused an
     operation. Not a CheckpointError: an outage must stop a resume, not make it skip every
     checkpoint and start fresh."""
+
+
+class DataError(ParatrainError, ValueError):
+    """The data cannot be split or resumed as given (e.g. a stream whose order differs between
+    DataLoader workers or ranks, which paratrain's split of the stream needs to be the same)."""

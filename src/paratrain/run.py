@@ -106,6 +106,9 @@ class Run(Job):
                 windows=self._windows,
             )
         )
+        self.console.trackers.set_job(
+            self._checkpoints.identity.run_id, restarted=self.restart_count > 0
+        )
         self._hooks = LoopHooks(self)
         self._profiler = self._new_profiler(as_profile(self.config.profile))
         self._rank_streams = False

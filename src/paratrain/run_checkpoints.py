@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from paratrain.config import RunConfig
 from paratrain.console import Console
 from paratrain.environment import LaunchEnv
 from paratrain.errors import ConfigError
+from paratrain.job_id import job_id
 from paratrain.loop_state import LoopState
 from paratrain.precision import Precision
 from paratrain.run_dir import RunDir
@@ -232,8 +232,8 @@ class RunCheckpoints:
 
 
 def _run_id(parts: RunParts) -> str:
-    """The job's id (torchrun/Slurm), else a fresh one chosen by rank 0."""
-    ids: list[Any] = [parts.env.job_id or uuid.uuid4().hex[:12]]
+    """The job's id (:func:`paratrain.job_id.job_id`), decided by rank 0."""
+    ids: list[Any] = [job_id(parts.env, parts.layout.job) if parts.rank == 0 else None]
     if parts.world_size > 1 and dist.is_initialized():
         dist.broadcast_object_list(ids, src=0)
     return str(ids[0])

@@ -12,6 +12,8 @@
     layout.wandb            # runs/exp/wandb/    (wandb's run folders, offline-run-* offline)
     layout.profile          # runs/exp/profile/rank<r>.steps-<a>-<b>.{pt.trace,summary}.json
     layout.report           # runs/exp/run.json   (what the script's Run resolved)
+    layout.job              # runs/exp/job.json   (a generated job id, for its restarts)
+    layout.tracker_runs     # runs/exp/tracker-runs.json   (the job's tracker runs)
 
 Only the main process writes the shared files (metrics, restarts, report); every rank writes its
 own file under ``stats/``, ``stacks/`` and ``profile/``.
@@ -88,3 +90,15 @@ class RunDir:
     def report(self) -> Path:
         """``run.json``: the settings the script's Run resolved (run dir, checkpoint dir, ranks)."""
         return self.root / "run.json"
+
+    @property
+    def job(self) -> Path:
+        """``job.json``: the job id a job without a launcher id generated, read back by its
+        restarts (:mod:`paratrain.job_id`)."""
+        return self.root / "job.json"
+
+    @property
+    def tracker_runs(self) -> Path:
+        """``tracker-runs.json``: the job id and its tracker runs, continued by a restart that
+        has no checkpoint to take them from."""
+        return self.root / "tracker-runs.json"

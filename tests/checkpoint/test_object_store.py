@@ -244,3 +244,10 @@ def test_storage_options_credentials_and_an_unreachable_endpoint(
     fast = {"config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1}}
     text = _refusal(ckpt_dir=s3.url("opts"), ckpt_storage_options=fast | secret)
     assert "cannot be reached" in text and "AWS_ENDPOINT_URL" in text
+
+
+def test_a_bad_bucket_name_says_why_and_an_empty_one_suggests_no_bucket(s3: Bucket) -> None:
+    text = _refusal(ckpt_dir="s3://Bad_Bucket!/run")
+    assert "Invalid bucket name" in text and "Bad_Bucket!" in text  # botocore's reason, in full
+    text = _refusal(ckpt_dir="s3:///run")
+    assert "names no bucket" in text and "aws s3 mb" not in text

@@ -102,6 +102,37 @@ def test_a_fresh_run_never_deletes_another_runs_checkpoints(tmp_path: Path) -> N
         assert run.global_step == 3  # the newest save, not the highest step
 
 
+def test_two_multi_node_jobs_in_one_checkpoint_dir_rotate_only_their_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from paratrain.checkpoint.manifest import Manifest
+    from paratrain.launcher.plan import RunOptions, make_plan
+
+    script = tmp_path / "train.py"
+    script.write_text("")
+    shared = tmp_path / "ckpts"
+    lineages = {}
+    for job, keep_last in (("a", None), ("b", 2)):  # the same command line, submitted twice
+        options = RunOptions(target=[str(script)], nnodes=2, rdzv_endpoint="node0:29400")
+        argv = make_plan(options, env={}, gpus=0).argv
+        rdzv = [a.split("=", 1)[1] for a in argv if a.startswith("--rdzv-id=")] or ["none"]
+        monkeypatch.setenv("TORCHELASTIC_RUN_ID", rdzv[0])  # what torchrun gives the ranks
+        with pt.Run(
+            strategy="cpu", progress=False, ckpt_dir=shared, run_dir=tmp_path / job,
+            keep_last=keep_last,
+        ) as run:  # fmt: skip
+            net = mlp()
+            model, opt = run.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
+            for _ in range(3):
+                run.backward(model(torch.randn(4, 6)).sum())
+                run.step(opt)
+                run.save()
+            lineages[job] = Manifest.read(run.save()).lineage  # type: ignore[arg-type]
+    kept = [Manifest.read(folder).lineage for folder in sorted(shared.iterdir())]
+    assert lineages["a"] != lineages["b"]
+    assert kept.count(lineages["a"]) == 4 and kept.count(lineages["b"]) == 2
+
+
 def test_two_saves_at_one_step_keep_the_newer_state(tmp_path: Path) -> None:
     with pt.Run(strategy="cpu", ckpt_dir=tmp_path, progress=False) as run:
         model = run.setup(mlp())

@@ -60,7 +60,22 @@ def test_multi_node_and_module_target() -> None:
     )
     assert "--nnodes=2" in plan.argv and "--node-rank=1" in plan.argv
     assert "--rdzv-endpoint=node0:29400" in plan.argv and "--rdzv-id=job7" in plan.argv
-    assert plan.argv[-2:] == ["-m", "pkg.train"] and "--standalone" not in plan.argv
+    assert plan.argv[-3:] == ["-m", "--", "pkg.train"] and "--standalone" not in plan.argv
+
+
+def test_a_multi_node_job_gets_no_shared_rendezvous_id(script: Path) -> None:
+    # The rendezvous id is torchrun's run id, which Run takes for the job id (checkpoint
+    # lineage): a constant one would make every job rotate the others' checkpoints.
+    options = RunOptions(target=[str(script)], nnodes=2, rdzv_endpoint="node0:29400")
+    plain = make_plan(options, env={}, gpus=0)
+    assert not [a for a in plain.argv if a.startswith("--rdzv-id")]  # torchrun's "none"
+    slurm = {"SLURM_JOB_ID": "4242", "SLURM_NNODES": "2", "SLURM_NODEID": "0"}
+    assert "--rdzv-id=4242" in make_plan(RunOptions(target=[str(script)]), env=slurm, gpus=0).argv
+
+
+def test_the_scripts_flags_come_after_a_double_dash_for_torchrun(script: Path) -> None:
+    plan = make_plan(RunOptions(target=[str(script), "--n", "5"]), env={}, gpus=0)
+    assert plan.argv[-4:] == ["--", str(script), "--n", "5"]
 
 
 def test_slurm_allocation_gives_nodes_and_host(script: Path) -> None:

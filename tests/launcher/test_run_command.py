@@ -7,6 +7,8 @@ a temporary working directory. The fake scripts write the launcher report themse
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import re
 import signal
@@ -191,3 +193,47 @@ def test_real_run_save_on_one_rank_names_the_users_line(tmp_path: Path) -> None:
     # Rank 0 exits from the failed save; on a loaded machine rank 1's watchdog (waiting in the
     # next all-reduce) can end first, so the launcher may name either rank.
     assert re.search(r"rank [01] \(local rank [01]\) exited with code \d+", message), message
+
+
+ECHOES_ITS_ARGUMENTS = """
+import json, os, sys
+from pathlib import Path
+Path(os.environ["ARGS_OUT"], f"rank{os.environ['RANK']}.json").write_text(json.dumps(sys.argv[1:]))
+"""
+
+SCRIPT_FLAGS = ["--n", "5", "--nproc", "3", "-m", "x", "-h", "--run-dir=y", "--", "--z"]
+
+
+def test_everything_after_the_script_belongs_to_the_script(tmp_path: Path) -> None:
+    script = _script(tmp_path, ECHOES_ITS_ARGUMENTS)
+    # --n is a prefix of --nproc, --nnodes and --node-rank: argparse once took it as ambiguous.
+    command = [sys.executable, "-m", "paratrain", "run", "--nproc", "1", "--backend", "gloo"]
+    env = {**os.environ, "ARGS_OUT": str(tmp_path)}
+    done = subprocess.run(
+        [*command, str(script), *SCRIPT_FLAGS],
+        cwd=tmp_path, capture_output=True, text=True, timeout=180, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((tmp_path / "rank0.json").read_text()) == SCRIPT_FLAGS
+
+
+def test_everything_after_the_module_belongs_to_the_module(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from paratrain import cli
+    from paratrain.launcher import command
+    from paratrain.launcher.arguments import VALUED_OPTIONS
+
+    seen = []
+    monkeypatch.setattr(command, "run_command", lambda args: seen.append(args) or 0)
+    assert cli.main(["run", "--nproc", "2", "-m", "pkg.train", *SCRIPT_FLAGS]) == 0
+    assert seen[-1].target == ["-m", "pkg.train", *SCRIPT_FLAGS] and seen[-1].nproc == "2"
+    assert cli.main(["run", "--run-dir=r", "--", "t.py", "--n", "5"]) == 0
+    assert seen[-1].target == ["t.py", "--n", "5"] and str(seen[-1].run_dir) == "r"
+    subparsers = argparse.ArgumentParser().add_subparsers()
+    command.add_parser(subparsers)
+    run = subparsers.choices["run"]
+    valued = {
+        s for a in run._actions if a.option_strings and a.nargs != 0 for s in a.option_strings
+    }
+    assert valued == VALUED_OPTIONS  # the splitter knows every option that takes a value

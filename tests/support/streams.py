@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import os
+import random
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -74,6 +75,35 @@ class Counting(IterableDataset[dict[str, Any]]):
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         for i in range(self.n):
+            yield {"id": i, "x": torch.tensor(features(i))}
+
+
+class GloballyShuffled(IterableDataset[dict[str, Any]]):
+    """Shuffles with Python's global ``random``, which every DataLoader worker and rank seeds
+    differently: each reads the stream in another order (what paratrain's split cannot use)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        ids = list(range(self.n))
+        random.shuffle(ids)
+        for i in ids:
+            yield {"id": i, "x": torch.tensor(features(i))}
+
+
+class ShuffledInOneWorker(IterableDataset[dict[str, Any]]):
+    """In order everywhere but in worker 1 of rank 1, which shuffles: only that rank can see it."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        ids = list(range(self.n))
+        info = torch.utils.data.get_worker_info()
+        if torch.distributed.get_rank() == 1 and info is not None and info.id == 1:
+            random.Random(0).shuffle(ids)
+        for i in ids:
             yield {"id": i, "x": torch.tensor(features(i))}
 
 
@@ -147,8 +177,10 @@ def train_on_stream(
     loader_first: bool = False,
 ) -> dict[str, Any]:
     """Train on the stream for ``epochs``; ``stop_at``: save at that step and return. A second
-    call with the same ``root`` resumes. Returns the ids seen per step, weights and messages."""
+    call with the same ``root`` resumes. Returns the ids seen per step, the epoch of each step,
+    the weights and the step."""
     seen: list[list[int]] = []
+    epoch_of_step: list[int] = []
     with pt.Run(strategy=strategy, run_dir=root, progress=False, seed=0, timeout_s=60) as run:
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(FEATURES, 8), nn.Tanh(), nn.Linear(8, 1))
@@ -166,11 +198,17 @@ def train_on_stream(
         for _ in run.epochs(epochs):
             for batch in loader:
                 seen.append([int(i) for i in batch["id"]])
+                epoch_of_step.append(run.epoch)
                 loss = model(batch["x"]).pow(2).mean()
                 run.backward(loss)
                 run.step(opt)
                 if stop_at is not None and run.global_step == stop_at:
                     run.save()
-                    return {"seen": seen, "weights": None, "step": run.global_step}
+                    return {
+                        "seen": seen,
+                        "epochs": epoch_of_step,
+                        "weights": None,
+                        "step": run.global_step,
+                    }
         weights = {k: v.clone() for k, v in run.strategy.full_state_dict(model).items()}
-        return {"seen": seen, "weights": weights, "step": run.global_step}
+        return {"seen": seen, "epochs": epoch_of_step, "weights": weights, "step": run.global_step}

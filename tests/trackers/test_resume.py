@@ -100,3 +100,47 @@ def test_sigterm_while_trackers_close_waits_for_the_close() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout == "closed\n" and done.returncode == -15, (done.stdout, done.stderr)
+
+
+CRASHES_BEFORE_ITS_FIRST_SAVE = """
+import os, sys
+from pathlib import Path
+import paratrain as pt
+from tests.trackers import training
+
+def killed(self, *args, **kwargs):  # as a SIGKILL: no close, the MLflow run stays RUNNING
+    os._exit(9)
+
+pt.Run.save = killed
+training.train(
+    Path(sys.argv[1]), steps=6, save_at=3, attempt=0,
+    log_to=["tensorboard", "mlflow", "wandb"], mlflow_tracking_uri=sys.argv[2],
+)
+"""
+
+
+def test_a_restart_before_the_first_save_continues_the_tracker_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+    import subprocess
+    import sys
+
+    uri = (tmp_path / "store").as_uri()
+    for name in ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "TORCHELASTIC_RESTART_COUNT"):
+        monkeypatch.delenv(name, raising=False)  # no launcher id: the job generates its own
+    command = [sys.executable, "-c", CRASHES_BEFORE_ITS_FIRST_SAVE, str(tmp_path), uri]
+    # Not this process's wandb service (WANDB_SERVICE): the killed attempt's runs would stay in use.
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 9, done.stderr[-3000:]
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # torchrun restarted the job
+    second = train(tmp_path, steps=4, attempt=1, log_to=ALL, mlflow_tracking_uri=uri)
+
+    client = mlflow_client(uri)
+    (run,) = client.search_runs([second["mlflow"]["experiment_id"]])  # no orphan beside it
+    assert run.info.run_id == second["mlflow"]["run_id"] and run.info.status == "FINISHED"
+    shown = tensorboard_scalars(tmp_path / "tensorboard", "attempt")
+    assert shown == [(s, 1.0) for s in (1, 2, 3, 4)]  # each step once, from the restart
+    old, new = wandb_runs(tmp_path)
+    assert old.id == new.id

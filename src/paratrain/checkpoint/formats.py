@@ -54,6 +54,13 @@ it comes from the file add it themselves.
 
 
 def describe(err: BaseException) -> str:
-    """``Type: first line of the message`` (at most 300 characters: parsers can be verbose)."""
-    lines = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {lines[0][:300]}" if lines else type(err).__name__
+    """``Type: first line of the message`` (at most 300 characters: parsers can be verbose).
+
+    A first line that ends with ``:`` only announces the reason (botocore's "Parameter validation
+    failed:"), so the lines after it are kept too, joined, up to 600 characters."""
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(err).__name__
+    if lines[0].endswith(":") and len(lines) > 1:
+        return f"{type(err).__name__}: {' '.join(lines)[:600]}"
+    return f"{type(err).__name__}: {lines[0][:300]}"

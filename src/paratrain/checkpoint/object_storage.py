@@ -59,9 +59,10 @@ def check_url(url: str, what: str, error: type[ParatrainError] = ConfigError) ->
     match = _URL.match(url)
     assert match is not None, url
     protocol, rest = match.groups()
-    if not rest.strip("/"):
+    if not rest.strip("/") or (protocol in _FLAT and rest.startswith("/")):
         raise error(
-            f"{what} {url!r} names no bucket or folder. Pass e.g. "
+            f"{what} {url!r} names no bucket{'' if rest.strip('/') else ' or folder'}"
+            f"{' (three slashes after the protocol)' if rest.startswith('/') else ''}. Pass e.g. "
             f"{what}='{protocol}://my-bucket/run1'."
         )
     try:
@@ -274,9 +275,10 @@ def explain(err: BaseException, doing: str, url: str) -> str:
             "The storage endpoint cannot be reached: check AWS_ENDPOINT_URL (or endpoint_url "
             "in ckpt_storage_options' client_kwargs), the network, and that the service runs."
         )
-    elif isinstance(err, FileNotFoundError) and "bucket" in text:
-        bucket = url.split("://", 1)[-1].split("/", 1)[0]
-        hint = f"The bucket does not exist: create it first (e.g. `aws s3 mb s3://{bucket}`)."
+    elif isinstance(err, FileNotFoundError) and "bucket" in text and _bucket(url):
+        hint = f"The bucket does not exist: create it first (e.g. `aws s3 mb s3://{_bucket(url)}`)."
+    elif "ParamValidation" in name and "bucket" in text:
+        hint = "Fix the bucket name in the URL (S3's naming rules are quoted above)."
     elif isinstance(err, PermissionError) or "denied" in text or "forbidden" in text:
         hint = (
             "Access was denied: the credentials must allow listing, reading, writing and "
@@ -285,6 +287,11 @@ def explain(err: BaseException, doing: str, url: str) -> str:
     else:
         hint = "Check the URL, the credentials and ckpt_storage_options."
     return f"{doing} failed ({describe(err)}). {hint}"
+
+
+def _bucket(url: str) -> str:
+    """The bucket (first path part) of an object store URL; '' when it is empty."""
+    return url.split("://", 1)[-1].split("/", 1)[0]
 
 
 @contextlib.contextmanager

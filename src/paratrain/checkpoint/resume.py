@@ -386,11 +386,7 @@ def _restore_rest(pieces: Pieces, trainer: dict[str, Any], *, rank: int | None) 
         objects = {}
     by_name = {ld.name: ld for ld in tracked.loaders}
     streams: list[dict[str, Any]] = trainer.get("streams", [])
-    if rank is not None and rank < len(streams):
-        loaders = {
-            name: {**state, "stream": streams[rank][name]} if name in streams[rank] else state
-            for name, state in loaders.items()
-        }
+    loaders = {name: _with_streams(state, name, streams, rank) for name, state in loaders.items()}
     for name, state in loaders.items():
         _apply_or_defer(tracked, "loader", name, by_name.get(name), state)
     for name, state in schedulers.items():
@@ -428,6 +424,17 @@ def _per_rank_restorer(
             )
 
     return restore
+
+
+def _with_streams(
+    state: dict[str, Any], name: str, streams: list[dict[str, Any]], rank: int | None
+) -> dict[str, Any]:
+    """A stream loader's position with every saved rank's stream state (``"streams"``), and
+    this rank's (``"stream"``) when it applies (``rank``: saved at this layout)."""
+    if not any(name in s for s in streams):
+        return state
+    mine = {"stream": streams[rank][name]} if rank is not None and rank < len(streams) else {}
+    return {**state, "streams": [s.get(name) for s in streams], **mine}
 
 
 def _apply_or_defer(tracked: Tracked, kind: str, name: str, obj: Any, state: Any) -> None:

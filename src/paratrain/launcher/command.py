@@ -38,6 +38,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p = subparsers.add_parser(
         "run",
         help="launch a training script on N ranks (torchrun)",
+        allow_abbrev=False,
         description=__doc__.split("\n")[0],
     )
     p.add_argument("--nproc", default="auto", help="ranks per node, or auto (= visible GPUs)")
@@ -61,14 +62,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="extra torchrun option, repeatable (e.g. --torchrun-arg=--log-dir=logs)",
     )
     p.add_argument(
-        "-m",
-        dest="module",
+        "target",
         nargs=argparse.REMAINDER,
-        default=None,
-        metavar="MODULE [ARGS]",
-        help="run a module (as python -m) instead of a script",
+        help="script.py [args] | -m module [args]: everything after the script path (or the "
+        "module) goes to the script as it is",
     )
-    p.add_argument("target", nargs=argparse.REMAINDER, help="script.py [args] | -m module [args]")
     p.set_defaults(handler=run_command)
 
 
@@ -113,7 +111,7 @@ def run_command(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="paratrain-run-") as tmp:
         report = Path(tmp) / "report.json"
         options = RunOptions(
-            target=["-m", *args.module] if args.module else list(args.target),
+            target=list(args.target),
             nproc=args.nproc,
             nnodes=args.nnodes,
             node_rank=args.node_rank,

@@ -39,6 +39,8 @@ class RunOptions:
     node_rank: int | None = None
     rdzv_endpoint: str | None = None
     rdzv_id: str | None = None
+    """``--rdzv-id``: the job's id (checkpoint lineage, tracker runs). Default: the Slurm job id,
+    else none (each job then generates one, see :mod:`paratrain.job_id`)."""
     max_restarts: int = 0
     run_dir: Path | None = None
     """``--run-dir``; None leaves the choice to the script (its ``run_dir=`` or the default)."""
@@ -166,6 +168,9 @@ def _check_torchrun_args(extra: list[str], torchrun_argv: list[str], target: lis
 
 
 def _target(options: RunOptions) -> list[str]:
+    """torchrun's end of the command: ``-- script.py args`` or ``-m -- module args``. The ``--``
+    keeps the script's own flags from torchrun, whose parser would take ``--n 5`` for an
+    abbreviation of its ``--nnodes``/``--nproc-per-node`` (or refuse it as ambiguous)."""
     target = options.target
     if not target:
         raise ConfigError(
@@ -175,7 +180,7 @@ def _target(options: RunOptions) -> list[str]:
     if target[0] == "-m":
         if len(target) < 2:
             raise ConfigError("-m needs a module name: `paratrain run -m pkg.train`.")
-        return target
+        return ["-m", "--", *target[1:]]
     script = Path(target[0])
     if script.is_dir():
         raise ConfigError(
@@ -187,7 +192,7 @@ def _target(options: RunOptions) -> list[str]:
             f"Script {script} not found (working directory {Path.cwd()}). Check "
             "the path, or use `-m package.module` for a module."
         )
-    return target
+    return ["--", *target]
 
 
 def make_plan(options: RunOptions, *, env: Mapping[str, str], gpus: int) -> LaunchPlan:
@@ -225,8 +230,10 @@ def make_plan(options: RunOptions, *, env: Mapping[str, str], gpus: int) -> Laun
             f"--node-rank={node_rank}",
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint={endpoint}",
-            f"--rdzv-id={options.rdzv_id or 'paratrain'}",
         ]
+        rdzv_id = options.rdzv_id or env.get("SLURM_JOB_ID")
+        if rdzv_id:  # else torchrun's "none", and every Run makes a job id of its own
+            argv.append(f"--rdzv-id={rdzv_id}")
     _check_torchrun_args(options.torchrun_args, argv[3:], target)
     return LaunchPlan(
         argv=[*argv, *options.torchrun_args, *target],

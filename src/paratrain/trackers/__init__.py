@@ -5,14 +5,19 @@ hyper-parameters to TensorBoard, MLflow and Weights & Biases, from the main proc
     trackers.log({"loss": 0.3}, 10)     # the first call starts each tracker's run
     trackers.state_dict()               # {"step": 10, "runs": {"mlflow": {"run_id": ...}, ...}}
     trackers.load_state_dict(state)     # a resumed run: the next start reopens those runs
+    trackers.set_job("job-1a2b", restarted=True)  # a restart without a checkpoint: the runs of
+                                                  # the job's earlier attempt are continued
     trackers.close()                    # MLflow: FINISHED, wandb: finish, TensorBoard: flushed
 
 One module per tracker (``tensorboard``, ``mlflow``, ``wandb``), each a class behind
 :class:`paratrain.trackers.protocol.Tracker`; this module is the one place a tracker name is
 branched on. The run registers its :class:`Trackers` with the checkpoint registry under
 :data:`STATE_NAME`, so every checkpoint holds the tracker run ids (plain data) and a resume
-continues the same tracker runs. Off the main process a :class:`Trackers` holds no tracker and
-imports no tracker package.
+continues the same tracker runs. Each start also records the job id and its runs in
+``run_dir/tracker-runs.json``: a torchrun restart that comes before the first save (nothing to
+resume) continues those runs, with what the failed attempt logged hidden in TensorBoard, instead
+of leaving an MLflow run RUNNING forever and TensorBoard showing every step twice. Off the main
+process a :class:`Trackers` holds no tracker and imports no tracker package.
 """
 
 from __future__ import annotations
@@ -20,11 +25,13 @@ from __future__ import annotations
 import atexit
 import contextlib
 import importlib.util
+import json
 import os
 import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from paratrain.errors import EnvironmentMismatchError
@@ -80,7 +87,12 @@ def open_trackers(
         mlflow_uri=settings.mlflow_tracking_uri,
         layout=layout,
     )
-    return Trackers([_KINDS[name](options) for name in names], hparams=hparams, step=step)
+    return Trackers(
+        [_KINDS[name](options) for name in names],
+        hparams=hparams,
+        step=step,
+        record=layout.tracker_runs,
+    )
 
 
 def _require(name: str) -> None:
@@ -121,6 +133,7 @@ class Trackers:
         *,
         hparams: Callable[[], Mapping[str, Any]] = dict,
         step: Callable[[], int] = int,
+        record: Path | None = None,
     ) -> None:
         self.trackers = list(trackers)
         self.warn: Callable[[str], None] = _warn
@@ -131,6 +144,9 @@ class Trackers:
         self._saved_step: int | None = None
         self._failures: dict[str, int] = {}
         self._started = self._closed = False
+        self._record = record
+        self._job: str | None = None
+        self._restarted = False
 
     @property
     def names(self) -> list[str]:
@@ -142,17 +158,52 @@ class Trackers:
         """Each started tracker's run: ``{"mlflow": {"run_id": ...}, "wandb": {"id": ...}}``."""
         return {name: dict(state) for name, state in self._open.items()}
 
+    def set_job(self, job: str, *, restarted: bool) -> None:
+        """The job these runs belong to. ``restarted`` (a torchrun restart): when no checkpoint
+        gives the runs to continue, those the job's earlier attempt recorded are continued from
+        step 0 (TensorBoard hides everything that attempt logged)."""
+        self._job, self._restarted = job, restarted
+
     def start(self) -> None:
         """Open every tracker's run (a saved one after a resume); a no-op once started."""
         if self._started or self._closed or not self.trackers:
             return
         self._started = True
         atexit.register(self.close)  # a script that never closes its Run still ends its runs
+        if not self._saved and self._restarted:
+            earlier = self._recorded_runs()
+            if earlier:
+                self._saved, self._saved_step = earlier, -1  # nothing of that attempt is kept
         params = hyperparameters(self._hparams())
         for tracker in self.trackers:
             saved = self._saved.get(tracker.name)
             saved_step = self._saved_step if saved is not None else None
             self._open[tracker.name] = tracker.start(saved, saved_step, params, self.warn)
+        self._record_runs()
+
+    def _recorded_runs(self) -> dict[str, dict[str, Any]]:
+        """The runs this job's earlier attempt recorded ({} when none, or another job's)."""
+        if self._record is None or self._job is None:
+            return {}
+        try:
+            record = json.loads(self._record.read_text())
+        except (OSError, ValueError):
+            return {}
+        runs = record.get("runs") if isinstance(record, dict) else None
+        if record.get("job") != self._job or not isinstance(runs, dict):
+            return {}
+        return {str(k): dict(v) for k, v in runs.items() if isinstance(v, dict)}
+
+    def _record_runs(self) -> None:
+        if self._record is None or self._job is None:
+            return
+        try:
+            self._record.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self._record.with_name(f".{self._record.name}.tmp")
+            tmp.write_text(json.dumps({"job": self._job, "runs": self.runs}) + "\n")
+            os.replace(tmp, self._record)
+        except (OSError, TypeError, ValueError) as err:
+            self.warn(f"could not record the tracker runs in {self._record} ({err})")
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         """Send ``metrics`` at ``step`` to every tracker; a failing one warns once."""

@@ -49,8 +49,9 @@ class Tracker(Protocol):
         hparams: Mapping[str, Any],
         warn: Warn,
     ) -> dict[str, Any]:
-        """Open a run (``saved``: reopen the checkpoint's) and return its state as plain data.
-        A failure raises a ParatrainError that names the fix."""
+        """Open a run (``saved``: reopen the checkpoint's, which goes on after ``saved_step``;
+        -1 when nothing it logged is kept) and return its state as plain data. A failure raises
+        a ParatrainError that names the fix."""
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         """Record scalars at ``step``."""

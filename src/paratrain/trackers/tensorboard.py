@@ -8,7 +8,8 @@ hyper-parameters in its HParams tab.
 
 A resumed run writes into the same folder with ``purge_step`` one past the checkpoint's step:
 TensorBoard then hides what the crashed run logged after the checkpoint, so each step shows the
-values of the run that went on from it.
+values of the run that went on from it. A restart with no checkpoint (``saved_step`` -1) hides all
+that the failed attempt logged.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class TensorBoardTracker:
             ) from err
         purge = saved_step + 1 if saved is not None and saved_step is not None else None
         self._writer = SummaryWriter(log_dir=str(self.log_dir), purge_step=purge)
-        if saved is None:
+        if saved is None or purge == 0:  # new, or continued with nothing of the old kept
             # Into this run's own folder: SummaryWriter.add_hparams would make a sub-folder run.
             summaries = hparams_summaries(flat_params(hparams), {})  # type: ignore[no-untyped-call]
             for summary in summaries:
