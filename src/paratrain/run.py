@@ -43,6 +43,7 @@ from paratrain.checkpoint.store import CheckpointStore
 from paratrain.config import RunConfig
 from paratrain.errors import ConfigError
 from paratrain.job import Job
+from paratrain.loader_build import make_loader
 from paratrain.loop_state import LoopState
 from paratrain.model_setup import (
     attach_loss,
@@ -277,7 +278,7 @@ class Run(Job):
         drop_last: bool,
         kwargs: dict[str, Any],
     ) -> data.DeviceLoader[Any]:
-        return data.make_loader(
+        return make_loader(
             dataset,
             batch_size,
             train=train,
