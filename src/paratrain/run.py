@@ -15,13 +15,10 @@
             run.save()                                  # everything registered, every time
 
 What a checkpoint holds is registered once: models and optimizers by ``run.setup``, schedulers by
-``run.setup(scheduler=)``, ``run.step(opt, sched)`` or ``run.resume(scheduler=)``, training loaders
-by ``run.loader``, anything else with ``state_dict``/``load_state_dict`` by ``run.track``. Own
-``while`` loops work the same way: count with ``run.global_step``. The same script runs as
-``python train.py`` (one process), under ``torchrun`` or ``paratrain run`` (one process per
-device), or inside a Slurm allocation; after a torchrun restart the run resumes by itself at the
-first training action (``run.epochs``, a training loader's pass, ``accumulate``, ``backward``,
-``step``, ``save``, or reading ``run.global_step``/``run.epoch``).
+``run.setup(scheduler=)``, ``run.step`` or ``run.resume``, training loaders by ``run.loader``, the
+rest by ``run.track``. Own ``while`` loops count with ``run.global_step``. The same script runs
+in one process, under ``torchrun``/``paratrain run`` or Slurm; after a torchrun restart the run
+resumes by itself at the first training action (an epoch, a loader pass, a step, a save, ...).
 """
 
 from __future__ import annotations
@@ -216,13 +213,9 @@ class Run(Job):
 
     def track(self, obj: T, name: str | None = None, *, replicated: bool = False) -> T:
         """Save and restore ``obj`` (anything with ``state_dict``/``load_state_dict``: an EMA
-        model, a metric, an RNN's hidden state) with every checkpoint; returns ``obj``.
-
-        Each rank's state is saved, and a resume gives each rank its own. States equal on every
-        rank at a save (an EMA under DDP) are stored once and resume at any world size; states
-        that differ (a per-rank accumulator) resume only at the world size that saved them, and
-        elsewhere stop with an error naming ``name``. ``replicated=True`` says that rank 0's
-        state serves every rank: saved once, without comparing, restored everywhere."""
+        model, a metric, an RNN's hidden state) with every checkpoint, per rank; returns it.
+        ``replicated=True``: rank 0's state serves every rank (see README, "What a checkpoint
+        holds")."""
         self.tracked.add_object(obj, name, replicated=replicated)
         self._print_notes()
         return obj
@@ -373,21 +366,9 @@ class Run(Job):
         if window is not None:
             window.stepped.add(id(optimizer))
         if stepped:
-            if self._rounds.count(optimizer):
-                if self.loop.stepped():
-                    self._hooks.warn_mid_epoch_save()
-                if self._profiler is not None:
-                    self._profiler.step()
-            self._hooks.progress()
+            self._hooks.stepped(new_round=self._rounds.count(optimizer), stats=self._stats)
             if scheduler is not None:
                 scheduler.step()
-            if self._stats is not None:
-                loaders = self.tracked.loaders
-                self._stats.step(
-                    step=self.loop.global_step,
-                    samples=sum(ld.samples for ld in loaders),
-                    data_wait_s=sum(ld.data_wait_s for ld in loaders),
-                )
             faults.emit("step")
         return stepped
 
@@ -406,9 +387,9 @@ class Run(Job):
     def _new_profiler(self, window: Profile | None) -> StepProfiler | None:
         if window is None:
             return None
-        profile_dir, rank, device = self.layout.profile, self.rank, self.device
+        layout, rank, device, console = self.layout, self.rank, self.device, self.console
         return StepProfiler(
-            window, directory=profile_dir, rank=rank, device=device, console=self.console
+            window, directory=layout.profile, rank=rank, device=device, console=console
         )
 
     def _set_up(self, model: nn.Module) -> Unit:
@@ -428,27 +409,11 @@ class Run(Job):
         return unit
 
     def accumulation_window(self, model: nn.Module | None = None) -> int:
-        """Micro-batches of ``model``'s current accumulation window not yet applied by a step
-        (0 right after a step). ``model`` may be left out when one model is set up.
-
-            with run.accumulate(model):
-                run.backward(loss)
-            if run.accumulation_window() == 0:   # this micro-batch ended a window: it stepped
-                ...
-        """
-        units = self.tracked.units
-        if model is None:
-            if len(units) > 1:
-                raise ConfigError(
-                    f"run.accumulation_window() with {len(units)} models set up: name the one "
-                    "you mean, run.accumulation_window(model)."
-                )
-            if not units:
-                return 0
-            unit = units[0]
-        else:
-            unit = self._set_up(model)
-        window = self._windows.of(id(unit.module))
+        """Micro-batches of ``model``'s accumulation window not yet applied by a step (0 right
+        after a step); ``model`` may be left out when one model is set up."""
+        unit = self.tracked.only_unit("run.accumulation_window") if model is None else None
+        unit = unit or (self._set_up(model) if model is not None else None)
+        window = self._windows.of(id(unit.module)) if unit is not None else None
         return window.count if window is not None and window.pending else 0
 
     def set_grad_accum(self, every: int) -> None:
@@ -504,13 +469,9 @@ class Run(Job):
         scheduler: Any = None,
         keep_global_batch: bool = False,
     ) -> dict[str, Any] | None:
-        """Continue from the newest valid checkpoint; return its extras, or None if none.
-
-        Everything registered is restored; state for something registered later (a scheduler
-        first given to run.step) is applied when it is registered."""
+        """Restore everything registered from the newest valid checkpoint (read every call: a
+        rollback too); return its extras, or None. Later registrations get their state then."""
         self._register(model, optimizer, scheduler)
-        # Always from the store, also right after another resume: weights changed in place since
-        # (reset_parameters(), a rollback after a loss spike) must come back too.
         return self._hooks.resume(keep_global_batch=keep_global_batch)
 
     def latest_checkpoint(self) -> CheckpointInfo | None:
@@ -535,7 +496,5 @@ class Run(Job):
         return self
 
     def __repr__(self) -> str:
-        return (
-            f"Run(strategy={self.strategy.name!r}, rank={self.rank}, world_size="
-            f"{self.world_size}, device={str(self.device)!r}, run_dir={str(self.run_dir)!r})"
-        )
+        where = f"rank={self.rank}, world_size={self.world_size}, device={str(self.device)!r}"
+        return f"Run(strategy={self.strategy.name!r}, {where}, run_dir={str(self.run_dir)!r})"

@@ -26,6 +26,7 @@ from paratrain.loop_state import LoopState
 from paratrain.profiling import StepProfiler
 from paratrain.run_checkpoints import RunCheckpoints
 from paratrain.seeding import seed_rank_stream
+from paratrain.stats import StatsWriter
 from paratrain.strategies import Strategy
 from paratrain.tracking import Tracked
 from paratrain.watchdog import Watchdog
@@ -195,6 +196,24 @@ class LoopHooks:
         count = count + 1 if pass_id == driver.pass_id else 1
         self._in_pass[key] = (driver.pass_id, count)
         return driver.pass_length is not None and count >= driver.pass_length
+
+    def stepped(self, *, new_round: bool, stats: StatsWriter | None) -> None:
+        """An optimizer stepped (``new_round``: the first of its round; the global step counts
+        rounds): count it, move the profiler, write stats."""
+        run = self.run
+        if new_round:
+            if run.loop.stepped():
+                self.warn_mid_epoch_save()
+            if run._profiler is not None:
+                run._profiler.step()
+        self.progress()
+        if stats is not None:
+            loaders = run.tracked.loaders
+            stats.step(
+                step=run.loop.global_step,
+                samples=sum(ld.samples for ld in loaders),
+                data_wait_s=sum(ld.data_wait_s for ld in loaders),
+            )
 
     def warn_mid_epoch_save(self) -> None:
         """A step followed a save in the same epoch of a loop that makes its own batches."""

@@ -69,6 +69,15 @@ class Tracked:
         self._claim(f"model:{name}", unit)
         return unit
 
+    def only_unit(self, caller: str) -> Unit | None:
+        """The one set-up model (None before setup); several are an error naming ``caller``."""
+        if len(self.units) > 1:
+            raise ConfigError(
+                f"{caller}() with {len(self.units)} models set up: name the one you mean, "
+                f"{caller}(model)."
+            )
+        return self.units[0] if self.units else None
+
     def unit_of(self, optimizer: Optimizer) -> Unit | None:
         """The unit ``optimizer`` belongs to (None: not registered)."""
         for unit in self.units:

@@ -17,22 +17,18 @@ This module is given the pieces explicitly; it knows nothing of :class:`paratrai
 
 from __future__ import annotations
 
-import dataclasses
-import io
-import pathlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import numpy as np
 import torch
 import torch.distributed as dist
-import xxhash
-from torch.utils._pytree import tree_map_only
 
 from paratrain.checkpoint.manifest import Manifest
+from paratrain.checkpoint.per_rank import objects_of_every_rank, per_rank_restorer
+from paratrain.checkpoint.plain_data import plain
 from paratrain.checkpoint.rng import capture_rng, reseed_rng, restore_rng
 from paratrain.checkpoint.store import (
     CheckpointStore,
@@ -149,7 +145,7 @@ def save(
         trainer=trainer,
         manifest=manifest,
         sharded=pieces.layout.sharded,
-        gather=lambda: _objects_of_every_rank(tracked),  # after the store checked every rank
+        gather=lambda: objects_of_every_rank(tracked),  # after the store checked every rank
     )
     return store.save(request, background=background)
 
@@ -169,94 +165,6 @@ def _streams_of_every_rank(loaders: list[DeviceLoader[Any]]) -> list[dict[str, A
     every: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(every, local)
     return every
-
-
-def _objects_of_every_rank(tracked: Tracked) -> dict[str, Any]:
-    """``{"objects": {name: state}, "objects_per_rank": {name: [state of rank 0, 1, ...]}}``.
-
-    A state equal on every rank (compared by digest; one tiny all-gather) is kept once under
-    ``objects``; states that differ are gathered to rank 0, which writes them. Collective when
-    objects are tracked in a multi-rank run.
-    """
-    states = {k: plain(v.state_dict(), f"run.track({k!r})") for k, v in tracked.objects.items()}
-    shared = {k: v for k, v in states.items() if k in tracked.replicated}
-    own = {k: v for k, v in states.items() if k not in tracked.replicated}
-    if not own or not distributed():
-        return {"objects": states, "objects_per_rank": {}}
-    digests = {k: _digest(v) for k, v in own.items()}
-    every: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(every, digests)
-    differ = sorted(k for k in own if len({d[k] for d in every}) > 1)
-    shared.update({k: v for k, v in own.items() if k not in differ})
-    if not differ:
-        return {"objects": shared, "objects_per_rank": {}}
-    mine = tree_map_only(torch.Tensor, lambda t: t.detach().cpu(), {k: own[k] for k in differ})
-    gathered: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(mine, gathered, dst=0)
-    per_rank = {k: [g[k] for g in gathered] for k in differ} if gathered is not None else {}
-    return {"objects": shared, "objects_per_rank": per_rank}
-
-
-def _digest(state: Any) -> str:
-    buffer = io.BytesIO()
-    torch.save(tree_map_only(torch.Tensor, lambda t: t.detach().cpu(), state), buffer)
-    return xxhash.xxh3_128_hexdigest(buffer.getvalue())
-
-
-_PLAIN = (bool, int, float, str, bytes, type(None))
-
-
-def plain(value: Any, where: str) -> Any:
-    """``value`` as data that loads with ``weights_only=True``; numpy values and paths are
-    converted, anything else that would make the checkpoint unloadable is refused now."""
-    if type(value) in _PLAIN or isinstance(value, torch.Tensor):  # not subclasses (enums)
-        return value
-    if isinstance(value, np.generic):
-        return plain(value.item(), where)
-    if isinstance(value, np.ndarray):
-        if value.ndim == 0:
-            return plain(value.item(), where)
-        try:
-            return torch.from_numpy(np.array(value))
-        except TypeError:
-            _refuse(value, where)
-    if isinstance(value, pathlib.PurePath):
-        return str(value)
-    if isinstance(value, dict):
-        return {_key(k, where): plain(v, f"{where}[{k!r}]") for k, v in value.items()}
-    if type(value) in (list, tuple):
-        return type(value)(plain(v, f"{where}[{i}]") for i, v in enumerate(value))
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return plain(dataclasses.asdict(value), where)
-    try:  # anything torch's safe loader accepts (torch.Size, dtypes, sets) is kept as it is
-        buffer = io.BytesIO()
-        torch.save(value, buffer)
-        buffer.seek(0)
-        torch.load(buffer, weights_only=True)
-    except Exception:
-        _refuse(value, where)
-    return value
-
-
-def _key(key: Any, where: str) -> Any:
-    if isinstance(key, np.generic):
-        key = key.item()
-    if isinstance(key, pathlib.PurePath):
-        key = str(key)
-    if type(key) not in _PLAIN:
-        raise CheckpointError(
-            f"{where} has a key of type {type(key).__qualname__} ({key!r}); a checkpoint's "
-            "dict keys must be strings or numbers. Use str(key) or int(key)."
-        )
-    return key
-
-
-def _refuse(value: Any, where: str) -> None:
-    raise CheckpointError(
-        f"{where} holds a {type(value).__module__}.{type(value).__qualname__}, which a "
-        "checkpoint cannot hold safely (resuming would have to run pickled code). Store "
-        "plain data: numbers, strings, lists, dicts, tensors (e.g. float(x), str(path))."
-    ) from None
 
 
 def resume(
@@ -395,35 +303,12 @@ def _restore_rest(pieces: Pieces, trainer: dict[str, Any], *, rank: int | None) 
         _apply_or_defer(tracked, "object", name, tracked.objects.get(name), state)
     per_rank: dict[str, list[Any]] = trainer.get("objects_per_rank", {})
     for name, states in per_rank.items():
-        restore = _per_rank_restorer(tracked, name, states, rank)
+        restore = per_rank_restorer(tracked, name, states, rank)
         if name in tracked.objects:
             restore(tracked.objects[name])
         else:
             tracked.defer(f"object:{name}", restore)
     pieces.precision.load_state_dict(trainer.get("scaler"))
-
-
-def _per_rank_restorer(
-    tracked: Tracked, name: str, states: list[Any], rank: int | None
-) -> Callable[[Any], None]:
-    """Apply this rank's saved state of ``name`` (``rank`` None: saved at another layout)."""
-
-    def restore(obj: Any) -> None:
-        if rank is not None and rank < len(states):
-            obj.load_state_dict(states[rank])
-        elif name in tracked.replicated:
-            obj.load_state_dict(states[0])
-        else:
-            raise CheckpointError(
-                f"run.track({name!r}) holds a different state on each of the {len(states)} "
-                "ranks that saved it, and this run has another layout, so no state belongs to "
-                f"this rank. Resume at world size {len(states)}; or, if one state serves every "
-                f"rank, declare it with run.track(obj, {name!r}, replicated=True) (rank 0's "
-                "state is then restored everywhere); or track it under a new name to start it "
-                "afresh."
-            )
-
-    return restore
 
 
 def _with_streams(
