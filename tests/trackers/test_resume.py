@@ -132,7 +132,8 @@ def test_a_restart_before_the_first_save_continues_the_tracker_runs(
     command = [sys.executable, "-c", CRASHES_BEFORE_ITS_FIRST_SAVE, str(tmp_path), uri]
     # Not this process's wandb service (WANDB_SERVICE): the killed attempt's runs would stay in use.
     env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    root = Path(__file__).resolve().parents[2]  # `python -c` imports tests.* from its cwd
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env, cwd=root)
     assert done.returncode == 9, done.stderr[-3000:]
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # torchrun restarted the job
     second = train(tmp_path, steps=4, attempt=1, log_to=ALL, mlflow_tracking_uri=uri)
