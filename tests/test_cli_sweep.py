@@ -2,8 +2,8 @@
 or ends with a paratrain error (exit code 2) or its documented verdict (exit 1), never a traceback.
 
 The flags are read off the parser itself, so a new flag is swept without editing this file. The
-real work (torchrun for `run` and `demo`, the benchmark ranks, doctor's measurements) is replaced by
-a marker: what is tested is everything that happens before it.
+real work (torchrun for `run`, `demo` and `verify-resume`, the benchmark ranks, doctor's
+measurements) is replaced by a marker: what is tested is everything that happens before it.
 """
 
 from __future__ import annotations
@@ -77,7 +77,8 @@ VALID = {
     "--strategy": ["auto", "cpu", "ddp", "fsdp"], "--backend": ["gloo"], "--to": ["pt", "dcp"],
     "--torchrun-arg": ["--log-dir=logs"], "--data": ["synthetic", "loader"],
     "path": ["w.pt"], "src": ["w.pt"], "a": ["w.pt"], "b": ["w.pt"], "dst": ["out.pt"],
-    "run_dir": ["folder"],
+    "run_dir": ["folder"], "--kills": ["1", "4"], "--seed": ["0", "3"],
+    "--atol": ["0", "1e-6"], "--compare-files": ["best.pt", "*.pt"],
 }  # fmt: skip
 
 
@@ -143,6 +144,7 @@ def _run(argv: list[str]) -> tuple[str, str]:
         mock.patch("paratrain.launcher.command.supervise", _reach),
         mock.patch("paratrain.demo.command.subprocess.run", _reach),
         mock.patch("paratrain.bench.command.run_plan", _reach),
+        mock.patch("paratrain.verify.runner.launch", _reach),
         mock.patch("paratrain.doctor.measure.measure_all", _reach),
         # serve: its command would replace this process and its servers would run until a
         # signal; as the image's user (not root), so that the checks before them are swept
@@ -167,7 +169,7 @@ def _run(argv: list[str]) -> tuple[str, str]:
 
 def test_every_subcommand_is_swept() -> None:
     assert {c[0] for c in COMMANDS if c} >= {
-        "doctor", "monitor", "demo", "ckpt", "bench", "run", "serve"
+        "doctor", "monitor", "demo", "ckpt", "bench", "run", "serve", "verify-resume"
     }  # fmt: skip
     assert ("ckpt", "convert") in COMMANDS
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from paratrain import faults
 from paratrain.errors import ConfigError
 
 
@@ -79,7 +80,10 @@ class Windows:
 
     def end(self, key: int) -> None:
         """The ``run.accumulate`` block of model ``key`` finished."""
-        self._windows[key].open_block = False
+        window = self._windows[key]
+        window.open_block = False
+        if not window.sync:
+            faults.emit("mid_window")  # its gradients are held for the next micro-batch
 
     def pending(self) -> list[Window]:
         """Windows whose gradients wait for a step."""

@@ -8,6 +8,7 @@ paratrain bench                   # throughput / memory / scaling vs a hand-writ
 paratrain monitor RUN_DIR         # live per-GPU and per-rank view of a running job
 paratrain serve                   # the container's entrypoint: Jupyter (token) and SSH (keys)
 paratrain check PATH...           # find multi-GPU mistakes in training scripts (never runs them)
+paratrain verify-resume train.py  # prove a script restart-safe: kill it, resume, compare states
 paratrain --version
 """
 
@@ -28,6 +29,7 @@ COMMANDS = {
     "ckpt": "paratrain.checkpoint.command",
     "bench": "paratrain.bench.command",
     "run": "paratrain.launcher.command",
+    "verify-resume": "paratrain.verify.command",
 }
 
 

@@ -58,6 +58,17 @@ def float_in(low: float, high: float) -> Callable[[str], float]:
     return parse
 
 
+def non_negative_float(text: str) -> float:
+    """A finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text} must be a finite number of 0 or more")
+    return value
+
+
 def non_negative_int(text: str) -> int:
     """A whole number >= 0."""
     value = _int(text)

@@ -36,6 +36,7 @@ import torch.distributed as dist
 from torch.autograd.profiler import record_function
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
 
+from paratrain import faults
 from paratrain.errors import ConfigError
 from paratrain.samplers import (
     EvenBatchSampler,
@@ -390,6 +391,8 @@ class DeviceLoader(Generic[T]):
                 if self.train:
                     self.position.samples += batch_size * self.world_size
                 self.hooks.on_batch()
+                if not self.train:
+                    faults.emit("eval_batch")
                 with record_function("paratrain: batch to device"):
                     moved = to_device(batch, self.device, non_blocking=non_blocking)
                 yield moved

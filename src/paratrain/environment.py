@@ -15,6 +15,21 @@ What a launcher passes to the script's :class:`paratrain.Run`:
                            script that chose its own run dir.
 ``TORCHELASTIC_*``         torchrun: the restart attempt and the job id.
 =========================  ==============================================================
+
+What ``paratrain verify-resume`` passes (for testing restart safety; see
+``docs/verify-resume.md`` and :mod:`paratrain.faults`):
+
+=========================  ==============================================================
+``PARATRAIN_TRACE``        a folder: each rank appends its loop events to ``rank<r>.jsonl``
+                           there, one JSON object a line: ``{"event", "n", "step", "epoch",
+                           "rank", "restart"}`` (kinds: :data:`paratrain.faults.EVENTS`).
+``PARATRAIN_KILL``         ``EVENT:N:RANK``: on the first attempt only
+                           (``TORCHELASTIC_RESTART_COUNT`` 0), rank RANK SIGKILLs itself at
+                           its N-th event of kind EVENT (N counted from 1).
+``PARATRAIN_FINAL_STATE``  a folder: when the run closes, or at interpreter exit if it never
+                           does, each rank writes its own state there as ``rank<r>.pt``
+                           (:mod:`paratrain.final_state`).
+=========================  ==============================================================
 """
 
 from __future__ import annotations
@@ -26,11 +41,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from paratrain.errors import ConfigError
+from paratrain.faults import KillPoint
 
 DEFAULT_RUN_DIR = "runs/paratrain"
 RUN_DIR_VAR = "PARATRAIN_RUN_DIR"
 BACKEND_VAR = "PARATRAIN_BACKEND"
 REPORT_VAR = "PARATRAIN_REPORT"
+TRACE_VAR = "PARATRAIN_TRACE"
+KILL_VAR = "PARATRAIN_KILL"
+FINAL_STATE_VAR = "PARATRAIN_FINAL_STATE"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -47,6 +66,12 @@ class LaunchEnv:
     """``TORCHELASTIC_RESTART_COUNT``: 0 on the first start, k after the k-th restart."""
     job_id: str | None
     """An id shared by every attempt of this job (torchrun's run id, Slurm's job id)."""
+    trace: str | None = None
+    """``PARATRAIN_TRACE``: the folder each rank appends its loop events to."""
+    kill: KillPoint | None = None
+    """``PARATRAIN_KILL``: the event at which one rank SIGKILLs itself (first attempt only)."""
+    final_state: str | None = None
+    """``PARATRAIN_FINAL_STATE``: the folder each rank writes its final state to."""
 
     @classmethod
     def read(cls, env: Mapping[str, str] | None = None) -> LaunchEnv:
@@ -67,6 +92,9 @@ class LaunchEnv:
             report=env.get(REPORT_VAR) or None,
             restart_count=restarts,
             job_id=None if job in (None, "", "none") else job,
+            trace=env.get(TRACE_VAR) or None,
+            kill=KillPoint.parse(env[KILL_VAR], KILL_VAR) if env.get(KILL_VAR) else None,
+            final_state=env.get(FINAL_STATE_VAR) or None,
         )
 
     def resolve_run_dir(self, passed: str | Path | None) -> Path:

@@ -36,7 +36,7 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils.data import Dataset
 
-from paratrain import data
+from paratrain import data, faults
 from paratrain.accumulation import Windows
 from paratrain.checkpoint.resume import CheckpointInfo
 from paratrain.checkpoint.store import CheckpointStore
@@ -61,7 +61,6 @@ from paratrain.trackers import STATE_NAME as TRACKER_STATE
 from paratrain.tracking import Tracked, Unit
 
 T = TypeVar("T")
-Number = TypeVar("Number", int, float, torch.Tensor)
 
 
 class Run(Job):
@@ -87,7 +86,8 @@ class Run(Job):
         """Epoch, step and grad_accum (saved by every checkpoint)."""
         self.tracked = Tracked()
         """Everything a checkpoint holds (models, optimizers, schedulers, loaders, objects)."""
-        self.tracked.add_object(self.console.trackers, TRACKER_STATE)  # ids, even with none
+        # The tracker runs' ids (rank 0 opens them): rank 0's serves every rank.
+        self.tracked.add_object(self.console.trackers, TRACKER_STATE, replicated=True)
         self._stepper = Stepper(self.precision, self.strategy, self.config.max_grad_norm)
         self._windows = Windows(self.config.grad_accum)
         self._rounds = StepRounds()
@@ -301,6 +301,7 @@ class Run(Job):
                 yield self.loop.epoch
                 self._hooks.drop_unfinished_windows()
                 self.loop.next_epoch()
+                faults.emit("epoch")
         finally:
             self.loop.in_epochs = False
 
@@ -383,6 +384,7 @@ class Run(Job):
                     samples=sum(ld.samples for ld in loaders),
                     data_wait_s=sum(ld.data_wait_s for ld in loaders),
                 )
+            faults.emit("step")
         return stepped
 
     def profile(self, *, wait: int = 0, warmup: int = 1, active: int = 3, **record: bool) -> None:

@@ -7,7 +7,9 @@
 
 What a checkpoint holds and how it is written is :mod:`paratrain.checkpoint.resume`; this module
 decides *when* (explicitly, or on its own after a restart), refuses saves that would lose state,
-and records restarts in ``run_dir/restarts.jsonl``.
+and records restarts in ``run_dir/restarts.jsonl``. Under ``paratrain verify-resume`` it also
+starts the event trace and kill point (:mod:`paratrain.faults`) and writes the final state at
+close or exit (:mod:`paratrain.final_state`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from paratrain import faults, final_state
 from paratrain.accumulation import Windows
 from paratrain.checkpoint import resume as checkpoints
 from paratrain.checkpoint.object_storage import is_url
@@ -68,6 +71,16 @@ class RunCheckpoints:
         """(global batch, keep) of a resume that came before the first training loader."""
         self._restart_recorded = False
         self._store: CheckpointStore | None = None
+        self.last_extras: dict[str, Any] = {}
+        """The extras of the last checkpoint saved or resumed."""
+        self._recorder = faults.start(
+            trace_dir=parts.env.trace,
+            kill=parts.env.kill,
+            rank=parts.rank,
+            restart=parts.env.restart_count,
+            where=lambda: (parts.loop.global_step, parts.loop.epoch),
+        )
+        self._final = self._final_state()
         if isinstance(self.store, RemoteStore):  # bucket, credentials, endpoint: now, not later
             self.store.check_writable()
 
@@ -132,9 +145,12 @@ class RunCheckpoints:
             )
         for unit in p.tracked.units:
             p.strategy.sync_buffers(unit.module)
-        return checkpoints.save(
+        folder = checkpoints.save(
             self._pieces(), self.store, self.identity, extras, background=p.config.async_save
         )
+        self.last_extras = dict(extras or {})
+        faults.emit("saved")
+        return folder
 
     def resume_if_restarted(self) -> checkpoints.Resumed | None:
         """After a torchrun restart, resume once, as soon as a model is set up."""
@@ -157,6 +173,7 @@ class RunCheckpoints:
         )
         if resumed is not None:
             self.extras, self.resumed_from = resumed.extras, resumed.folder
+            self.last_extras = resumed.extras
             if not any(ld.train for ld in p.tracked.loaders):
                 self.saved_global_batch = (resumed.manifest.global_batch, keep_global_batch)
         if restarted and not self._restart_recorded:
@@ -184,10 +201,34 @@ class RunCheckpoints:
         with p.layout.restarts.open("a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
 
+    def _final_state(self) -> final_state.FinalState | None:
+        """``PARATRAIN_FINAL_STATE``: this rank's state, written at close or at exit."""
+        p = self.parts
+        if p.env.final_state is None:
+            return None
+        pieces = final_state.Pieces(
+            tracked=p.tracked,
+            loop=p.loop,
+            precision=p.precision,
+            unwrap=p.strategy.unwrap,
+            extras=lambda: self.last_extras,
+            rank=p.rank,
+            restart=p.env.restart_count,
+            world_size=p.world_size,
+        )
+        final = final_state.FinalState(Path(p.env.final_state), pieces)
+        final.start()
+        return final
+
     def close(self) -> None:
-        """Wait for an asynchronous save in flight."""
-        if self._store is not None:
-            self._store.wait()
+        """Wait for an asynchronous save in flight; write the final state if asked for."""
+        try:
+            if self._store is not None:
+                self._store.wait()
+        finally:
+            if self._final is not None:
+                self._final.write()
+            faults.stop(self._recorder)
 
 
 def _run_id(parts: RunParts) -> str:

@@ -138,7 +138,6 @@ def save(
         "loaders": {ld.name: ld.state_dict() for ld in loaders},
         "streams": _streams_of_every_rank(loaders),
         "schedulers": {k: v.state_dict() for k, v in tracked.schedulers.items()},
-        **_objects_of_every_rank(tracked),
         "scaler": pieces.precision.state_dict(),
         "extras": plain(dict(extras or {}), "extras"),
         "rng": capture_rng(),
@@ -150,6 +149,7 @@ def save(
         trainer=trainer,
         manifest=manifest,
         sharded=pieces.layout.sharded,
+        gather=lambda: _objects_of_every_rank(tracked),  # after the store checked every rank
     )
     return store.save(request, background=background)
 

@@ -44,6 +44,7 @@ from torch.distributed.checkpoint.state_dict_saver import async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.optim import Optimizer
 
+from paratrain import faults
 from paratrain.checkpoint import state as st
 from paratrain.checkpoint.dcp_io import RecordingWriter, SafePlanner, SafeReader, read_metadata
 from paratrain.checkpoint.files import (
@@ -84,6 +85,8 @@ class SaveRequest:
     ``"rng"``, which the store gathers from every rank (rank ``r``'s at index ``r``)."""
     manifest: Manifest
     sharded: bool
+    gather: Callable[[], dict[str, Any]] | None = None
+    """Collective: more trainer entries, made once every rank is known to be saving."""
 
 
 @dataclass
@@ -149,6 +152,8 @@ class CheckpointStore:
         """Write and commit a checkpoint (collective). Returns its folder (None if skipped)."""
         self.wait()
         self._check_every_rank_called()
+        if request.gather is not None:
+            request.trainer.update(request.gather())
         rank = dist.get_rank() if distributed() else 0
         final, tmp = self._agree_on_folder(request.manifest.step)
         # Pipeline stages hold different parameters: optimizer settings are saved per parameter
@@ -355,6 +360,7 @@ class CheckpointStore:
             },
         }
         manifest.files = records
+        faults.emit("save_write")  # the files are written, the commit point is not
         # The lowest format that holds what this save uses, so older paratrain reads the rest:
         # 5 records a mesh (tp, HSDP), 4 per-block checksums.
         blocks = any(r.blocks is not None for r in records.values())

@@ -1,0 +1,3 @@
+"""A script that never creates paratrain.Run: there is nothing verify-resume can check."""
+
+print("training by hand")
