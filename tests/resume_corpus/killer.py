@@ -9,7 +9,8 @@ has counted the step. Restarted attempts (``TORCHELASTIC_RESTART_COUNT`` > 0) ar
 With ``CORPUS_COUNT_FILE`` set, each rank writes how many optimizer steps it took to
 ``<file>.rank<r>`` at exit (used to pick a kill point from an uninterrupted run).
 
-A stopgap for ``paratrain verify-resume`` (issue 28), which injects its faults through pt.Run.
+Written before ``paratrain verify-resume`` existed; kept as a check of it from outside pt.Run
+(verify-resume injects its faults through pt.Run's ``PARATRAIN_KILL``).
 """
 
 from __future__ import annotations

@@ -65,16 +65,20 @@ def main() -> None:
 
     for epoch in run.epochs(args.epochs):
         model.train()
+        # A run resumed from the save after an epoch's last step continues that epoch with an
+        # empty pass, so nothing the loop body assigns is read after the loop.
+        epoch_loss = 0.0
         for x, y in loader:
             with run.accumulate(model):
                 loss = F.cross_entropy(model(x), y)
                 run.backward(loss)
+            epoch_loss += loss.item()
             run.step(opt_backbone)
             if run.step(opt_head, sched_head) and run.global_step % args.save_every == 0:
                 run.save()
         sched_backbone.step()
         lrs = f"{sched_backbone.get_last_lr()[0]:.4f}/{sched_head.get_last_lr()[0]:.4f}"
-        run.print(f"epoch {epoch}: step {run.global_step} loss {loss.item():.4f} lr {lrs}")
+        run.print(f"epoch {epoch}: step {run.global_step} loss {epoch_loss:.4f} lr {lrs}")
         run.save()
     run.close()
 

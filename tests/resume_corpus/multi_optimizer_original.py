@@ -62,9 +62,11 @@ def main() -> None:
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         model.train()
+        epoch_loss = 0.0
         for i, (x, y) in enumerate(loader):
             loss = F.cross_entropy(model(x), y)
             (loss / args.grad_accum).backward()
+            epoch_loss += loss.item()
             last = i == len(loader) - 1
             if (i + 1) % args.grad_accum == 0 or last:
                 window = (i % args.grad_accum) + 1
@@ -79,7 +81,7 @@ def main() -> None:
                 global_step += 1
         sched_backbone.step()
         lrs = f"{sched_backbone.get_last_lr()[0]:.4f}/{sched_head.get_last_lr()[0]:.4f}"
-        print(f"epoch {epoch}: step {global_step} loss {loss.item():.4f} lr {lrs}")
+        print(f"epoch {epoch}: step {global_step} loss {epoch_loss:.4f} lr {lrs}")
     torch.save({"model": model.state_dict()}, args.final)
 
 

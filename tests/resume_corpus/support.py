@@ -4,11 +4,11 @@
     trial = kill_trial(shape, nproc=2, tmp=tmp_path)   # uninterrupted vs killed once, restarted
     assert trial.difference is None, trial.difference
 
-Until ``paratrain verify-resume`` exists, :func:`kill_trial` is the proof of restart-safety: it
-runs a script to the end under ``paratrain run --nproc N``, then again with one rank SIGKILLed
-after an optimizer step (``killer.py``) and ``--max-restarts 1``, and compares the two runs'
-newest checkpoints (every tensor file, and every value in ``trainer.pt``) and the files the
-script writes into its run dir.
+:func:`kill_trial` checks restart-safety without ``paratrain verify-resume``: it runs a script
+to the end under ``paratrain run --nproc N``, then again with one rank SIGKILLed after an
+optimizer step (``killer.py``) and ``--max-restarts 1``, and compares the two runs' newest
+checkpoints (every tensor file, and every value in ``trainer.pt``) and the files the script
+writes into its run dir. :func:`parity` runs a port and its plain-torch original in one process.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The corpus of foreign loop shapes (``tests/resume_corpus/*.py``), each proven restart-safe.
 
-    pytest -m examples tests/resume_corpus            # about 10 minutes here (2 cores)
+    pytest -m examples tests/resume_corpus    # parity and verify-resume: 25 min on 2 busy cores
+    pytest -m scale tests/resume_corpus       # the kill trials: 12 min there
 
 Every script is a small port, by the README and docs/porting.md, of a well-known public training
 script's loop (its module docstring names the original and the shape it exercises):
@@ -9,10 +10,11 @@ script's loop (its module docstring names the original and the shape it exercise
   original's weights, bit for bit, in one process;
 - verify-resume: ``paratrain verify-resume --nproc N --kills 4 --json`` passes every script at 1
   and 2 ranks and fails ``broken_untracked_counter.py``, naming the model weights that differ;
-- kill trials, the stopgap until verify-resume exists: a run killed once (SIGKILL on the last
-  rank after 60 % of its optimizer steps) and restarted by ``--max-restarts 1`` ends with the
-  uninterrupted run's newest checkpoint (every tensor, every value of ``trainer.pt``) and the
-  files the script writes into its run dir.
+- kill trials (``scale``), written before verify-resume existed and kept as a check of it that
+  does not go through ``pt.Run``'s fault injection: a run killed once (SIGKILL on the last rank
+  by ``killer.py``, after 60 % of its optimizer steps) and restarted by ``--max-restarts 1`` ends
+  with the uninterrupted run's newest checkpoint (every tensor, every value of ``trainer.pt``) and
+  the files the script writes into its run dir.
 """
 
 from __future__ import annotations
@@ -34,8 +36,6 @@ from tests.resume_corpus.support import (
     parity,
 )
 
-pytestmark = pytest.mark.examples
-
 ORIGINALS = [shape for shape in SHAPES.values() if shape.original]
 BROKEN_WEIGHTS = ("0.weight", "0.bias", "2.weight", "2.bias")
 """The parameters of broken_untracked_counter.py's model, one of which verify-resume must name."""
@@ -45,11 +45,13 @@ def name(shape: Shape) -> str:
     return shape.name
 
 
+@pytest.mark.examples
 @pytest.mark.parametrize("shape", ORIGINALS, ids=name)
 def test_one_process_port_ends_with_the_originals_weights(shape: Shape, tmp_path: Path) -> None:
     assert parity(shape, tmp_path) is None
 
 
+@pytest.mark.examples
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("nproc", [1, 2])
 @pytest.mark.parametrize("shape", SHAPES.values(), ids=name)
@@ -73,14 +75,16 @@ def test_verify_resume(shape: Shape, nproc: int, tmp_path: Path) -> None:
     proc = subprocess.run(
         command, cwd=tmp_path, env=environment(), capture_output=True, text=True, timeout=880
     )
+    (tmp_path / "report.json").write_text(proc.stdout)
     if shape.restart_safe:
         assert proc.returncode == 0, failure(proc)
-        json.loads(proc.stdout)
+        assert json.loads(proc.stdout)["exit_code"] == 0
     else:
         assert proc.returncode == 1, failure(proc)
         assert any(key in proc.stdout for key in BROKEN_WEIGHTS), failure(proc)
 
 
+@pytest.mark.scale
 @pytest.mark.parametrize("nproc", [1, 2])
 @pytest.mark.parametrize("shape", SHAPES.values(), ids=name)
 def test_killed_and_restarted_run_ends_as_the_uninterrupted_one(
