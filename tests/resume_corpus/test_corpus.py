@@ -84,7 +84,7 @@ def test_verify_resume(shape: Shape, nproc: int, tmp_path: Path) -> None:
         assert any(key in proc.stdout for key in BROKEN_WEIGHTS), failure(proc)
 
 
-@pytest.mark.scale
+@pytest.mark.kill_trials
 @pytest.mark.parametrize("nproc", [1, 2])
 @pytest.mark.parametrize("shape", SHAPES.values(), ids=name)
 def test_killed_and_restarted_run_ends_as_the_uninterrupted_one(
