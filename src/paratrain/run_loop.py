@@ -219,12 +219,12 @@ class LoopHooks:
         """A step followed a save in the same epoch of a loop that makes its own batches."""
         epoch = self.run.loop.epoch
         self.run.console.warn(
-            f"run.save() was called in the middle of epoch {epoch}, in a `run.epochs` loop whose "
-            "batches paratrain does not hand out (no run.loader pass in this epoch), so it "
-            "cannot know which batches a resume would still have to run. A resume from such a "
-            "save continues at the start of its epoch (and from an earlier one that ended an "
-            f"epoch, at the next epoch). To resume exactly, save at the end of the epoch only, "
-            "read the batches with run.loader, or count steps with run.global_step in a "
+            f"run.save() was called in the middle of epoch {epoch} of a `run.epochs` loop whose "
+            "batches paratrain does not hand out (no run.loader pass in this epoch), so a "
+            "resume from such a save cannot be exact: nothing says which of the epoch's batches "
+            "were trained on. (This save was taken as the epoch's end; later ones in the middle "
+            "of an epoch restart their epoch.) To resume exactly, save only at the end of an "
+            "epoch, read the batches with run.loader, or count steps with run.global_step in a "
             "`while` loop instead of run.epochs."
         )
 
