@@ -1,5 +1,6 @@
 """Resume defects that need real ranks: per-rank tracked state, and a model's own methods
-under DDP and FSDP (word_language_model's ``model.init_hidden(bsz)``)."""
+under DDP and FSDP (word_language_model's ``model.init_hidden(bsz)``, refused with the fix on
+shards and working inside ``pt.gathered``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 from torch import nn
 
 import paratrain as pt
-from paratrain.errors import CheckpointError
+from paratrain.errors import CheckpointError, ConfigError
 from tests.support.distributed import run_distributed
 
 pytestmark = pytest.mark.dist
@@ -41,6 +42,9 @@ class TinyRNN(nn.Module):
         y, hidden = self.rnn(x, hidden)
         return self.out(y), hidden
 
+    def count(self) -> int:  # safe on shards: a DTensor's numel is the whole tensor's
+        return sum(p.numel() for p in self.parameters())
+
     def init_hidden(self, bsz: int) -> torch.Tensor:
         weight = next(self.parameters())
         return weight.new_zeros(1, bsz, self.nhid)
@@ -66,9 +70,14 @@ def _model_methods(strategy: str) -> list[float]:
     with pt.Run(strategy=strategy, progress=False, timeout_s=40, seed=0) as run:
         torch.manual_seed(0)
         net = TinyRNN()
+        count = net.count()
         model, opt = run.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
-        hidden = model.init_hidden(2)  # the user's method, through the wrapper
-        assert model.nhid == 4
+        assert model.nhid == 4 and model.count() == count  # the user's own, through the wrapper
+        if strategy == "fsdp":  # parameters are shards outside forward: refused with the fix
+            with pytest.raises(ConfigError, match=r"TinyRNN.init_hidden\(\).*pt.gathered"):
+                model.init_hidden(2)
+        with pt.gathered(model):  # whole parameters (a no-op unless sharded)
+            hidden = model.init_hidden(2)
         x = torch.randn(5, 2, 3, generator=torch.Generator().manual_seed(1))
         out, hidden = model(x, hidden)
         run.backward(out.square().mean())

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from paratrain.launcher.spawn import RankFailedError, launch
     from paratrain.profiling import Profile
     from paratrain.run import Run
+    from paratrain.strategies.fsdp_methods import gathered
     from paratrain.topology import Topology
 
 # Imported on first use, so that `paratrain doctor` runs (and reports) when torch is broken.
@@ -47,6 +48,7 @@ _LAZY = {
     "launch": "paratrain.launcher.spawn",
     "RankFailedError": "paratrain.launcher.spawn",
     "Topology": "paratrain.topology",
+    "gathered": "paratrain.strategies.fsdp_methods",
 }
 
 
@@ -76,6 +78,7 @@ __all__ = [
     "StorageError",
     "Topology",
     "__version__",
+    "gathered",
     "launch",
     "load_weights",
     "to_device",

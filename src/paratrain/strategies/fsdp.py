@@ -41,7 +41,7 @@ from paratrain.mesh import MeshShape
 from paratrain.module_policy import selected
 from paratrain.strategies.base import Strategy, average_buffers, cpu_copies
 from paratrain.strategies.ddp import check_ranks_fit_gpus
-from paratrain.strategies.fsdp_methods import gather_for_methods
+from paratrain.strategies.fsdp_methods import check_methods
 from paratrain.topology import Topology
 
 
@@ -112,7 +112,7 @@ class FSDPStrategy(Strategy):
         # only gather them again at once (torch's own default for a root; it was 8 % of a step
         # on the bench MLP).
         fully_shard(model, **{**options, "reshard_after_forward": False})
-        gather_for_methods(model)
+        check_methods(model)
         return model
 
     @contextlib.contextmanager
