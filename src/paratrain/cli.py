@@ -21,7 +21,7 @@ from typing import Any
 
 from paratrain.entrypoint import exit_on_user_error
 from paratrain.errors import EnvironmentMismatchError
-from paratrain.launcher.arguments import split_target
+from paratrain.launcher.arguments import VALUED_OPTIONS, split_target
 from paratrain.version import __version__
 
 # Commands whose modules import torch; `doctor` must not depend on them importing.
@@ -102,14 +102,14 @@ def _refuse_empty_values(parser: argparse.ArgumentParser, args: argparse.Namespa
 
 
 def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
-    """``argv`` parsed; for ``run``, what follows the script path (or ``-m module``) is the
-    script's, as it is: ``args.target`` (:mod:`paratrain.launcher.arguments`)."""
-    if argv[:1] != ["run"]:
+    """``argv`` parsed; for ``run`` and ``verify-resume``, what follows the script path (or
+    ``-m module``) is the script's, as it is: ``args.target`` (:mod:`.launcher.arguments`)."""
+    if not argv or argv[0] not in VALUED_OPTIONS:
         args = parser.parse_args(argv)
     else:
-        own, target = split_target(argv[1:])
-        args = parser.parse_args(["run", *own])
-        args.target = target
+        own, target = split_target(argv[1:], VALUED_OPTIONS[argv[0]])
+        args = parser.parse_args([argv[0], *own])
+        args.target, args.module = target, None
     _refuse_empty_values(parser, args)
     return args
 

@@ -230,10 +230,22 @@ def test_everything_after_the_module_belongs_to_the_module(
     assert seen[-1].target == ["-m", "pkg.train", *SCRIPT_FLAGS] and seen[-1].nproc == "2"
     assert cli.main(["run", "--run-dir=r", "--", "t.py", "--n", "5"]) == 0
     assert seen[-1].target == ["t.py", "--n", "5"] and str(seen[-1].run_dir) == "r"
+    from paratrain.verify import command as verify
+
     subparsers = argparse.ArgumentParser().add_subparsers()
     command.add_parser(subparsers)
-    run = subparsers.choices["run"]
-    valued = {
-        s for a in run._actions if a.option_strings and a.nargs != 0 for s in a.option_strings
-    }
-    assert valued == VALUED_OPTIONS  # the splitter knows every option that takes a value
+    verify.add_parser(subparsers)
+    for name, parser in subparsers.choices.items():
+        valued = {
+            s
+            for a in parser._actions
+            if a.option_strings and a.nargs not in (0, argparse.REMAINDER)
+            for s in a.option_strings
+        }
+        assert valued == VALUED_OPTIONS[name]  # the splitter knows every option with a value
+
+    checked = []
+    monkeypatch.setattr(verify, "verify_command", lambda args: checked.append(args) or 0)
+    assert cli.main(["verify-resume", "--kills", "2", "t.py", "--n", "5", "--json"]) == 0
+    assert checked[-1].target == ["t.py", "--n", "5", "--json"] and checked[-1].kills == 2
+    assert checked[-1].json is False  # the script's --json, not verify-resume's

@@ -1,7 +1,10 @@
-"""``paratrain run``'s command line in two: its own options, then the script's, untouched.
+"""A launching command's line in two: its own options, then the script's, untouched.
 
     own, target = split_target(["--nproc", "2", "train.py", "--n", "5"])
     # own == ["--nproc", "2"], target == ["train.py", "--n", "5"]
+    own, target = split_target(["--kills", "2", "train.py"], VALUED_OPTIONS["verify-resume"])
+
+The commands that run a script (``paratrain run``, ``paratrain verify-resume``) are split so.
 
 argparse cannot be left to find the script: it reads every option-like word of the whole line
 first, so the script's ``--n 5`` was refused as an ambiguous abbreviation of ``--nproc``,
@@ -14,24 +17,31 @@ from __future__ import annotations
 
 __all__ = ["VALUED_OPTIONS", "split_target"]
 
-VALUED_OPTIONS = frozenset(
-    {
-        "--nproc",
-        "--nnodes",
-        "--node-rank",
-        "--rdzv-endpoint",
-        "--rdzv-id",
-        "--max-restarts",
-        "--run-dir",
-        "--backend",
-        "--torchrun-arg",
-    }
-)
-"""The options of ``paratrain run`` that take a value (``--nproc 2`` or ``--nproc=2``)."""
+VALUED_OPTIONS = {
+    "run": frozenset(
+        {
+            "--nproc",
+            "--nnodes",
+            "--node-rank",
+            "--rdzv-endpoint",
+            "--rdzv-id",
+            "--max-restarts",
+            "--run-dir",
+            "--backend",
+            "--torchrun-arg",
+        }
+    ),
+    "verify-resume": frozenset(
+        {"--nproc", "--kills", "--seed", "--run-dir", "--compare-files", "--atol"}
+    ),
+}
+"""Per command, the options that take a value (``--nproc 2`` or ``--nproc=2``)."""
 
 
-def split_target(argv: list[str]) -> tuple[list[str], list[str]]:
-    """(paratrain's options, ``[script.py, args...]`` or ``[-m, module, args...]``)."""
+def split_target(
+    argv: list[str], valued: frozenset[str] = VALUED_OPTIONS["run"]
+) -> tuple[list[str], list[str]]:
+    """(the command's options, ``[script.py, args...]`` or ``[-m, module, args...]``)."""
     i = 0
     while i < len(argv):
         word = argv[i]
@@ -39,5 +49,5 @@ def split_target(argv: list[str]) -> tuple[list[str], list[str]]:
             return argv[:i], argv[i + 1 :]
         if word == "-m" or not word.startswith("-") or word == "-":
             return argv[:i], argv[i:]
-        i += 2 if word in VALUED_OPTIONS else 1
+        i += 2 if word in valued else 1
     return argv, []
