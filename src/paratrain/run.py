@@ -214,7 +214,7 @@ class Run(Job):
     def track(self, obj: T, name: str | None = None, *, replicated: bool = False) -> T:
         """Save and restore ``obj`` (anything with ``state_dict``/``load_state_dict``: an EMA
         model, a metric, an RNN's hidden state) with every checkpoint, per rank; returns it.
-        ``replicated=True``: rank 0's state serves every rank (see README, "What a checkpoint
+        ``replicated=True``: rank 0's state serves every rank (see docs/api.md, "What a checkpoint
         holds")."""
         self.tracked.add_object(obj, name, replicated=replicated)
         self._print_notes()
