@@ -252,19 +252,9 @@ class DeviceLoader(Generic[T]):
             return self.stream.dataset
         return self.loader.dataset
 
-    @property
-    def batch_size(self) -> int | None:
-        """Samples per batch on this rank (the per-rank batch)."""
-        return self.loader.batch_size
-
-    @property
-    def drop_last(self) -> bool:
-        """Whether a short last batch is dropped."""
-        return bool(self.loader.drop_last)
-
     def __getattr__(self, name: str) -> Any:
-        # Anything else a DataLoader has (num_workers, pin_memory, collate_fn, generator, ...)
-        # reads as it does on the DataLoader inside. Only called for names not found above.
+        # What else a DataLoader has (batch_size: the per-rank batch, drop_last, num_workers,
+        # pin_memory, collate_fn, ...) reads as on the DataLoader inside; only names not above.
         if name.startswith("__") or name == "loader":
             raise AttributeError(name)
         return getattr(self.loader, name)

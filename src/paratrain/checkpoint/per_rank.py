@@ -45,7 +45,7 @@ def objects_of_every_rank(tracked: Tracked) -> dict[str, Any]:
     shared.update({k: v for k, v in own.items() if k not in differ})
     if not differ:
         return {"objects": shared, "objects_per_rank": {}}
-    mine = tree_map_only(torch.Tensor, lambda t: t.detach().cpu(), {k: own[k] for k in differ})
+    mine = _on_cpu({k: own[k] for k in differ})
     gathered: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(mine, gathered, dst=0)
     per_rank = {k: [g[k] for g in gathered] for k in differ} if gathered is not None else {}
@@ -54,7 +54,7 @@ def objects_of_every_rank(tracked: Tracked) -> dict[str, Any]:
 
 def _digest(state: Any) -> str:
     buffer = io.BytesIO()
-    torch.save(tree_map_only(torch.Tensor, lambda t: t.detach().cpu(), state), buffer)
+    torch.save(_on_cpu(state), buffer)
     return xxhash.xxh3_128_hexdigest(buffer.getvalue())
 
 
@@ -79,3 +79,7 @@ def per_rank_restorer(
             )
 
     return restore
+
+
+def _on_cpu(tree: Any) -> Any:
+    return tree_map_only(torch.Tensor, lambda t: t.detach().cpu(), tree)
