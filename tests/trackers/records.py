@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,7 +93,14 @@ class WandbRun:
 
 
 def wandb_runs(run_dir: Path) -> list[WandbRun]:
-    """The wandb run folders under ``run_dir/wandb`` (oldest first), read back."""
+    """The wandb run folders under ``run_dir/wandb`` (oldest first), read back.
+
+    ``run.finish()`` only tells wandb's service process to close the run's log; the service
+    writes out its buffer some time later. Runs started in this process are read after
+    ``wandb.teardown()``, which waits for the service to exit, so every record is on disk.
+    """
+    if "wandb" in sys.modules:
+        sys.modules["wandb"].teardown()
     runs = []
     for folder in sorted((run_dir / "wandb").glob("*run-*")):
         (log,) = folder.glob("run-*.wandb")
