@@ -30,8 +30,8 @@ typecheck: $(VENV)/.installed
 	$(BIN)/mypy --strict src/
 
 pytest: $(VENV)/.installed
-	$(BIN)/pytest -q -m "not dist and not examples and not scale and not kill_trials"
-	$(BIN)/pytest -q -m "dist and not examples and not scale and not kill_trials"
+	$(BIN)/pytest -q -m "not dist and not examples and not scale and not kill_trials and not layouts"
+	$(BIN)/pytest -q -m "dist and not examples and not scale and not kill_trials and not layouts"
 
 test: lint typecheck serve-deps pytest
 
@@ -57,6 +57,11 @@ examples-test: $(VENV)/.installed
 # streaming resume at 2 ranks x 2 workers (webdataset tars, HF datasets), trackers end to end.
 scale-test: $(VENV)/.installed
 	$(BIN)/pytest -q -m scale
+
+# Every layout (one process, ddp, fsdp, tp, fsdp x tp, hsdp, pipeline with each schedule, pp x dp,
+# pp x tp) resumes from every other at 1, 2 and 4 CPU ranks: 255 resumes. Called by CI.
+layouts-test: $(VENV)/.installed
+	$(BIN)/pytest -q -m layouts
 
 # The loop-shape corpus (tests/resume_corpus) killed once by SIGKILL from outside pt.Run and
 # compared with an uninterrupted run, at 1 and 2 ranks: an independent check of what

@@ -315,6 +315,9 @@ def test_iterable_dataset_on_several_ranks_is_split_with_a_note() -> None:
         def current_epoch(self) -> int:
             return 0
 
+        def current_step(self) -> int:
+            return 0
+
         def on_pass_start(self, loader: Any) -> None:
             pass
 

@@ -203,3 +203,49 @@ def test_accumulation_window_counts_micro_batches_since_the_last_step(tmp_path: 
         run.setup(other)
         with pytest.raises(ConfigError, match="name the one"):
             run.accumulation_window()
+
+
+def _break_run(ckpt: Path | None, *, stop: int, shape: str) -> tuple[Any, list[tuple[int, int]]]:
+    """Two ``break`` shapes over ``run.loader`` (5 batches an epoch). ``"max_steps"``: leave
+    both loops at step ``stop``, then save (train for N steps, save, continue later).
+    ``"limit"``: each epoch stops after 3 batches (``limit_train_batches``) and saves at its
+    end; the run stops after ``stop`` epochs."""
+    x = torch.randn(40, 6, generator=torch.Generator().manual_seed(1))
+    y = torch.randn(40, 1, generator=torch.Generator().manual_seed(2))
+    seen: list[tuple[int, int]] = []
+    with pt.Run(strategy="cpu", ckpt_dir=ckpt, progress=False, seed=0) as run:
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 1))
+        model, opt = run.setup(net, torch.optim.Adam(net.parameters(), lr=0.01))
+        loader = run.loader(TensorDataset(x, y), batch_size=8, shuffle=True)
+        run.resume()
+        for epoch in run.epochs(4):
+            for i, (xb, yb) in enumerate(loader):
+                if shape == "limit" and i == 3:
+                    break
+                seen.append((epoch, int((xb[:, :1] * 1e4).sum())))
+                run.backward(nn.functional.mse_loss(model(xb), yb))
+                run.step(opt)
+                if shape == "max_steps" and run.global_step == stop:
+                    break
+            if shape == "limit":
+                run.save()
+                if epoch + 1 == stop:
+                    break
+            elif run.global_step == stop:
+                break
+        if shape == "max_steps" and ckpt is not None:
+            run.save()
+        return {k: v.clone() for k, v in model.state_dict().items()}, seen
+
+
+@pytest.mark.parametrize("shape", ["max_steps", "limit"])
+def test_a_save_after_break_resumes_where_the_steps_stopped(tmp_path: Path, shape: str) -> None:
+    """``max_steps``: the pass continues after the 3 batches trained (it started over, training
+    them twice). ``limit``: the next epoch starts (the cut-short epoch is over)."""
+    first, later = (3, 8) if shape == "max_steps" else (1, 3)
+    straight, order = _break_run(None, stop=later, shape=shape)
+    _, before = _break_run(tmp_path, stop=first, shape=shape)
+    resumed, after = _break_run(tmp_path, stop=later, shape=shape)
+    assert before + after == order
+    assert max_abs_diff(resumed, straight) == 0.0

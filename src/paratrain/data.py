@@ -88,6 +88,10 @@ class LoaderHooks(Protocol):
         """The run's epoch (``run.epoch``)."""
         ...
 
+    def current_step(self) -> int:
+        """The run's optimizer steps so far (``run.global_step``)."""
+        ...
+
     def on_pass_start(self, loader: DeviceLoader[Any]) -> None:
         """A pass begins (training: the loop starts; evaluation: sync buffers)."""
         ...
@@ -116,9 +120,10 @@ class Position:
     finished: bool = False
     """True once that pass ran to its end."""
     running: bool = True
-    """True while that pass is being iterated. A pass left before its end (``break``,
-    ``next(iter(loader))``) is over: the next pass of the same epoch starts that epoch's order
-    from the beginning, as torch's DistributedSampler does."""
+    """True while that pass is being iterated, or when it was left before its end (``break``)
+    after the run stepped on its batches: a resume continues it after the samples consumed.
+    A pass left before any step (a peek: ``next(iter(loader))``) is over: the next pass of the
+    same epoch starts that epoch's order from the beginning, as torch's DistributedSampler does."""
 
 
 class DeviceLoader(Generic[T]):
@@ -156,6 +161,8 @@ class DeviceLoader(Generic[T]):
         self.pass_seed: Any = None
         """``epoch -> seed`` of the loader's own generator (worker seeds), when the run owns it."""
         self._restored: Position | None = None
+        self._pass_first_step = 0
+        self._pass_steps = 0  # steps taken while the last pass was being iterated
         self._warned_second_pass = False
         self.stream: StreamShard | None = None
         """The dataset as split for this rank (an ``IterableDataset`` was given)."""
@@ -171,7 +178,25 @@ class DeviceLoader(Generic[T]):
     # -- position ------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The loader's position (plain data)."""
-        return {**dataclasses.asdict(self.position), "running": self.in_progress}
+        return {**dataclasses.asdict(self.position), "running": self.continues}
+
+    @property
+    def left_after_steps(self) -> bool:
+        """The current epoch's pass was left before its end (``break``) after the run stepped
+        on its batches: ``for x, y in loader: ...; if run.global_step == n: break``."""
+        return (
+            not self.in_progress
+            and not self.position.finished
+            and self.position.epoch == self.hooks.current_epoch()
+            and self._pass_steps > 0
+        )
+
+    @property
+    def continues(self) -> bool:
+        """A resume continues this pass after the samples it consumed (see ``Position``). A
+        stream continues only a pass in progress: its workers' positions die with the
+        iterator."""
+        return self.in_progress or (self.stream is None and self.left_after_steps)
 
     def stream_state(self) -> dict[str, Any] | None:
         """This rank's stream position (every worker's), or None for a map-style dataset."""
@@ -356,6 +381,7 @@ class DeviceLoader(Generic[T]):
         self.pass_length = _length(self.loader)
         if self.train:
             self.position = Position(epoch=epoch, samples=start)
+            self._pass_first_step, self._pass_steps = self.hooks.current_step(), 0
         batch_size = self.loader.batch_size or 1
         non_blocking = bool(self.loader.pin_memory) and self.device.type == "cuda"
         self.in_progress = True
@@ -389,6 +415,8 @@ class DeviceLoader(Generic[T]):
                 self.position.finished = True
         finally:
             self.in_progress = False
+            if self.train:  # `next(iter(loader))` ends its pass before the step: none counted
+                self._pass_steps = self.hooks.current_step() - self._pass_first_step
             if sharded is not None:
                 sharded.set_start(0)
 

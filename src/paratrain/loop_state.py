@@ -98,7 +98,11 @@ def epoch_to_save(loop: LoopState, loaders: Iterable[DeviceLoader[Any]]) -> int:
     A save after the epoch's training pass ran to its end (no training pass in progress, one
     finished in this epoch) is an end-of-epoch save: resume starts the next epoch rather than
     running the rest of this epoch's loop body (a per-epoch scheduler step, an evaluation) twice.
-    A save at the top of an epoch, before its pass starts, continues in that epoch.
+    A save at the top of an epoch, before its pass starts, continues in that epoch. So does a
+    save after the loop was left with ``break`` (``run.epochs`` ended early, or no
+    ``run.epochs``): the loader continues its pass where the steps stopped. Inside a
+    ``run.epochs`` body, a save after the pass was left with ``break`` following some steps (an
+    epoch cut short: ``if i == limit: break``) ends the epoch.
 
     In a ``run.epochs`` loop that makes its own batches (no training loader ran a pass in this
     epoch), a save after at least one step of the epoch ends it. Once the loop was seen to step
@@ -111,6 +115,8 @@ def epoch_to_save(loop: LoopState, loaders: Iterable[DeviceLoader[Any]]) -> int:
         return epoch
     if any(ld.position.epoch == epoch and ld.position.finished for ld in train):
         return epoch + 1
+    if loop.in_epochs and any(ld.left_after_steps for ld in train):
+        return epoch + 1  # `if i == limit: break` inside the epoch: the rest is its end
     if not loop.in_epochs or any(ld.position.epoch == epoch for ld in train):
         return epoch
     steps = loop.global_step - loop.epoch_start_step

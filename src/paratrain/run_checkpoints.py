@@ -122,6 +122,7 @@ class RunCheckpoints:
             data_size=p.strategy.data_size,
             seed=p.config.seed,
             unwrap=p.strategy.unwrap,
+            partial=p.strategy.partial_model,
         )
         return checkpoints.Pieces(
             tracked=p.tracked, loop=p.loop, precision=p.precision, layout=layout

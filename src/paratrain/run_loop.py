@@ -72,6 +72,10 @@ class LoopHooks:
         """The run's epoch."""
         return self.run.loop.epoch
 
+    def current_step(self) -> int:
+        """The run's optimizer steps."""
+        return self.run.loop.global_step
+
     def on_pass_start(self, loader: DeviceLoader[Any]) -> None:
         """Training: the loop runs (resume a restarted worker first). Evaluation: make buffers
         agree across ranks, so every rank evaluates the same model."""

@@ -192,7 +192,7 @@ def resolve(model: nn.Module, plan: object, tp: int, *, part: bool = False) -> R
         for module_name in names:
             if isinstance(style, str):
                 _check_divisible(module_name, modules[module_name], style, tp)
-            styles[module_name] = _style(style)
+            styles[module_name] = _style(style, modules[module_name])
     heads: list[tuple[nn.Module, str, str]] = []
     for pattern, attrs in found.heads.items():
         for module_name in _matches(pattern, modules):
@@ -322,10 +322,10 @@ def _head_attrs(
     return [(module, name, attr) for attr in present]
 
 
-def _style(style: Any) -> Any:
+def _style(style: Any, module: nn.Module) -> Any:
     if not isinstance(style, str):
         return style
-    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         RowwiseParallel,
@@ -334,6 +334,9 @@ def _style(style: Any) -> Any:
 
     if style == "output":  # logits stay a DTensor split over the classes, for loss_parallel
         return ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
+    if style == "rowwise" and isinstance(module, nn.Embedding):
+        # every rank looks up the same token ids in its rows: the ids are whole, not split
+        return RowwiseParallel(input_layouts=Replicate())
     return {"colwise": ColwiseParallel, "rowwise": RowwiseParallel, "sequence": SequenceParallel}[
         style
     ]()

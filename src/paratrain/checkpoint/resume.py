@@ -64,6 +64,8 @@ class Layout:
     seed: int
     unwrap: Any
     """``module -> plain module`` of the strategy."""
+    partial: bool = False
+    """True when a rank holds some of the model's layers only (pipeline stages)."""
 
 
 @dataclass(kw_only=True)
@@ -108,7 +110,7 @@ def save(
     if not tracked.units:
         raise ConfigError("run.save() found no model: call run.setup(model, optimizer) first.")
     loaders = tracked.loaders
-    driver = next((ld for ld in loaders if ld.in_progress), loaders[0] if loaders else None)
+    driver = next((ld for ld in loaders if ld.continues), loaders[0] if loaders else None)
     saved_loop = loop_to_save(loop, loaders)
     epoch = saved_loop["epoch"]
     per_rank = driver.loader.batch_size if driver is not None else None
@@ -123,7 +125,7 @@ def save(
         grad_accum=loop.grad_accum,
         epoch=epoch,
         step=loop.global_step,
-        samples_in_epoch=driver.position.samples if driver and driver.in_progress else 0,
+        samples_in_epoch=driver.position.samples if driver and driver.continues else 0,
         created=0.0,
         run_id=identity.run_id,
         lineage=identity.lineage,
@@ -258,7 +260,14 @@ def _restore_units(
     def restore(name: str) -> Any:
         def apply(unit: Unit) -> None:
             target = pieces.layout.unwrap(unit.module)
-            store.load_unit(staged, name, target, unit.optimizers, trainer=trainer)
+            store.load_unit(
+                staged,
+                name,
+                target,
+                unit.optimizers,
+                trainer=trainer,
+                partial=pieces.layout.partial,
+            )
 
         return apply
 

@@ -22,7 +22,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.optim import Optimizer
 
 from paratrain.errors import CheckpointError
@@ -100,14 +100,22 @@ class ModuleLoader:
         loader = ModuleLoader.of(model)    # None: DTensors, wrapper prefixes or post-hooks
         loader.check({"0.weight": [4, 4], ...})              # names and shapes, nothing loaded
         loader.load({"0.weight": tensor, "0.bias": tensor})  # complete modules at a time
+
+    ``partial``: the model is a part of the saved one (pipeline stages); the checkpoint's other
+    tensors are left out, not refused.
     """
 
-    def __init__(self, target: nn.Module, own: dict[str, Any]) -> None:
+    def __init__(self, target: nn.Module, own: dict[str, Any], partial: bool = False) -> None:
         self._own = own
         self._modules = dict(target.named_modules(remove_duplicate=False))
+        self.partial = partial
+
+    def keeps(self, name: str) -> bool:
+        """True when the model holds the checkpoint's tensor ``name``."""
+        return name in self._own
 
     @staticmethod
-    def of(target: nn.Module) -> ModuleLoader | None:
+    def of(target: nn.Module, *, partial: bool = False) -> ModuleLoader | None:
         """A loader for ``target``, or None when it must be loaded whole by torch (sharded or
         split tensors, keys that differ from the portable names, load post-hooks)."""
         tensors = (*target.parameters(), *target.buffers())
@@ -118,14 +126,14 @@ class ModuleLoader:
         own = get_model_state_dict(target)
         if list(own) != list(target.state_dict(keep_vars=True)):
             return None  # wrapper prefixes (a compiled module): torch maps the names
-        return ModuleLoader(target, own)
+        return ModuleLoader(target, own, partial)
 
     def check(self, shapes: dict[str, list[int]]) -> None:
         """Refuse a model state (name -> shape) whose names or shapes differ from the model's,
         before anything is loaded."""
         own = self._own
         missing = [k for k in own if k not in shapes]
-        unexpected = [k for k in shapes if k not in own]
+        unexpected = [] if self.partial else [k for k in shapes if k not in own]
         wrong = [
             f"{k} is {tuple(shapes[k])} in the checkpoint, {tuple(t.shape)} in the model"
             for k, t in own.items()
@@ -166,6 +174,23 @@ def _some(names: list[str]) -> str:
     return f"{names[:5]}{' ...' if len(names) > 5 else ''}"
 
 
+def part_of(
+    target: nn.Module, model_sd: dict[str, Any] | None, optim_sd: dict[str, Any]
+) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """The full states of a whole model cut to what ``target`` (a pipeline stage, holding some of
+    its layers under their original names) holds: its tensors, its parameters' optimizer state,
+    each optimizer group with its parameters only (a group may become empty)."""
+    own = set(get_model_state_dict(target))
+    params = {name for name, _ in target.named_parameters()}
+    model_part = None if model_sd is None else {k: v for k, v in model_sd.items() if k in own}
+    groups = [
+        {**group, "params": [n for n in group.get("params", []) if n in params]}
+        for group in optim_sd.get("param_groups", [])
+    ]
+    state = {k: v for k, v in optim_sd.get("state", {}).items() if k in params}
+    return model_part, {**optim_sd, "state": state, "param_groups": groups}
+
+
 def _load_optimizers_by_name(
     target: nn.Module, optimizers: list[Optimizer], optim_sd: dict[str, Any]
 ) -> bool:
@@ -173,10 +198,15 @@ def _load_optimizers_by_name(
 
     Saved tensors already on the parameters' device and dtype are adopted, not copied, and no
     optimizer step is simulated to create the state first (which ``set_optimizer_state_dict``
-    does). Returns False, loading nothing, when a name or group does not match: the caller then
-    takes torch's general path.
+    does). The state of a sharded parameter (a DTensor sharded or replicated over its mesh) is
+    cut into the same shards, locally: every rank holds the full state. Returns False, loading
+    nothing, when a name or group does not match or a parameter is laid out otherwise: the
+    caller then takes torch's general path.
     """
-    names = {id(p): n for n, p in target.named_parameters()}  # a tied one by its first name
+    params = dict(target.named_parameters())  # a tied one by its first name
+    if not all(_can_shard_like(p) for p in params.values()):
+        return False
+    names = {id(p): n for n, p in params.items()}
     saved_groups = optim_sd.get("param_groups")
     saved_state = optim_sd.get("state", {})
     if not isinstance(saved_groups, list) or not isinstance(saved_state, dict):
@@ -192,13 +222,18 @@ def _load_optimizers_by_name(
         plain_groups = []
         index = 0
         for group, saved in zip(optimizer.param_groups, groups, strict=True):
-            fqns = [names.get(id(p)) for p in group["params"]]
-            if None in fqns or list(saved.get("params", [])) != fqns:
+            found = [names.get(id(p)) for p in group["params"]]
+            fqns = [f for f in found if f is not None]
+            if len(fqns) != len(found) or list(saved.get("params", [])) != fqns:
                 return False
             ids = list(range(index, index + len(fqns)))
             index += len(fqns)
             state.update(
-                {i: saved_state[f] for i, f in zip(ids, fqns, strict=True) if f in saved_state}
+                {
+                    i: _shard_like(params[f], saved_state[f])
+                    for i, f in zip(ids, fqns, strict=True)
+                    if f in saved_state
+                }
             )
             plain_groups.append({**saved, "params": ids})
         plans.append((optimizer, {"state": state, "param_groups": plain_groups}))
@@ -207,6 +242,28 @@ def _load_optimizers_by_name(
     for optimizer, plain in plans:
         optimizer.load_state_dict(plain)
     return True
+
+
+def _can_shard_like(param: torch.Tensor) -> bool:
+    """A plain tensor, or a DTensor whose placements :func:`_shard_like` can reproduce."""
+    if not isinstance(param, DTensor):
+        return True
+    return all(type(p) in (Shard, Replicate) for p in param.placements)
+
+
+def _shard_like(param: torch.Tensor, entries: dict[str, Any]) -> dict[str, Any]:
+    """A parameter's full optimizer state, with each tensor of the parameter's shape cut into
+    the parameter's shards (Adam's moments, SGD's momentum; a scalar ``step`` stays whole)."""
+    if not isinstance(param, DTensor):
+        return entries
+    return {
+        key: distribute_tensor(
+            value.to(param.device), param.device_mesh, param.placements, src_data_rank=None
+        )
+        if isinstance(value, torch.Tensor) and value.shape == param.shape
+        else value
+        for key, value in entries.items()
+    }
 
 
 def _has_tensors(tree: Any) -> bool:

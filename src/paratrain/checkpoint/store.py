@@ -521,8 +521,10 @@ class CheckpointStore:
         optimizers: list[Optimizer],
         *,
         trainer: dict[str, Any],
+        partial: bool = False,
     ) -> None:
-        """Restore the model saved as ``name`` (and its optimizers) from a read checkpoint."""
+        """Restore the model saved as ``name`` (and its optimizers) from a read checkpoint.
+        ``partial``: ``target`` holds some of the saved model's layers (pipeline stages)."""
         folder = staged.folder
         model_stem, optim_stem = stems(name)
         if (folder / "dcp").is_dir():
@@ -550,11 +552,13 @@ class CheckpointStore:
         record = staged.manifest.files.get(model_file)
         loader = None
         if record is not None and _model_in_windows(model_file, record):
-            loader = st.ModuleLoader.of(target)  # None: torch distributes a whole state
+            loader = st.ModuleLoader.of(target, partial=partial)  # None: torch loads it whole
         whole_model = staged.tensors(model_file) if loader is None else None
         metas = trainer["optimizer_meta"]
         meta = metas if "param_groups" in metas else metas[name]  # format 1: one optimizer
         optim_sd = st.unflatten_optimizer(staged.tensors(f"{optim_stem}.safetensors"), meta)
+        if partial:
+            whole_model, optim_sd = st.part_of(target, whole_model, optim_sd)
         if loader is not None:
             assert record is not None
             _load_model_in_windows(folder / model_file, record, loader)
@@ -661,6 +665,7 @@ def _load_model_in_windows(path: Path, record: FileRecord, loader: st.ModuleLoad
     header = first if 8 + length <= first.numel() else next(iter(windows([(0, 8 + length)])))[0]
     entries = safetensors_entries(header.numpy().data[8 : 8 + length], record.bytes, path.name)
     loader.check({e.name: e.shape for e in entries})
+    entries = [e for e in entries if loader.keeps(e.name)]  # a pipeline stage's own
     modules: dict[str, list[StoredTensor]] = {}  # a module's tensors load together (its hooks)
     for entry in entries:
         modules.setdefault(entry.name.rpartition(".")[0], []).append(entry)

@@ -49,6 +49,7 @@ from paratrain.mesh import MeshShape
 from paratrain.strategies.base import average_buffers, cpu_copies
 from paratrain.strategies.tp import TensorParallelStrategy, clip_by_global_norm
 from paratrain.topology import Topology
+from paratrain.tp_split import split, stand_in
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 
@@ -171,8 +172,6 @@ class PipelineStrategy(TensorParallelStrategy):
     ) -> None:
         """Tensor parallel inside each stage: the plan checked on the whole model, then applied
         to each of this rank's stages (``auto``: the pairs inside one stage)."""
-        from torch.distributed.tensor.parallel import parallelize_module
-
         plan = self.config.tp_plan
         size = self.shape.sizes["tp"]
         whole = tp.resolve(model, plan, size)
@@ -185,9 +184,7 @@ class PipelineStrategy(TensorParallelStrategy):
         for module, index in zip(modules, indices, strict=True):
             part = tp.resolve(module, plan, size, part=True)
             _check_stage_ends_whole(module, part, index)
-            for head_module, _, attr in part.heads:
-                setattr(head_module, attr, getattr(head_module, attr) // size)
-            parallelize_module(module, mesh["tp"], part.styles)
+            split(module, part, mesh["tp"])
             styles = ", ".join(f"{n} {type(s).__name__}" for n, s in part.styles.items())
             self.notes.append(
                 f"paratrain: stage {index}: tensor parallel over tp {size}: {styles or 'nothing'}"
@@ -308,6 +305,10 @@ class _Stage(PipelineStage):
         if self._saved_buffers is None:
             self._saved_buffers = [buffer.detach().clone() for buffer in module.buffers()]
         return super()._compute_outputs(*args, module=module, **kwargs)
+
+    def _forward_metadata_inference(self, *args: Any, **kwargs: Any) -> Any:
+        with stand_in():  # the tp plan's first-call check waits for real activations
+            return super()._forward_metadata_inference(*args, **kwargs)
 
     def _post_metadata_inference_cleanup(self) -> None:
         super()._post_metadata_inference_cleanup()

@@ -22,7 +22,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate
-from torch.distributed.tensor.parallel import parallelize_module
 
 from paratrain import tp
 from paratrain.config import RunConfig
@@ -30,6 +29,7 @@ from paratrain.errors import ConfigError
 from paratrain.mesh import MeshShape
 from paratrain.strategies.fsdp import FSDPStrategy
 from paratrain.topology import Topology
+from paratrain.tp_split import split
 
 
 class TensorParallelStrategy(FSDPStrategy):
@@ -68,9 +68,7 @@ class TensorParallelStrategy(FSDPStrategy):
         mesh = self.shape.build(self.device.type)
         size = self.shape.sizes["tp"]
         plan = tp.resolve(model, self.config.tp_plan, size)
-        for module, _, attr in plan.heads:
-            setattr(module, attr, getattr(module, attr) // size)
-        parallelize_module(model, mesh["tp"], plan.styles)
+        split(model, plan, mesh["tp"])
         self.loss_parallel = plan.loss_parallel
         styles = ", ".join(f"{n} {type(s).__name__}" for n, s in plan.styles.items())
         self.notes.append(f"paratrain: tensor parallel over tp {size}: {styles}")
