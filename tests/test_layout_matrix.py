@@ -5,7 +5,7 @@ moments and step counts, a StepLR schedule; SGD momentum on a smaller set).
 The sources and the targets run at 1, 2 and 4 ranks: one process, ddp, fsdp, tp, fsdp x tp,
 hsdp and pipeline (1f1b, gpipe, interleaved 1f1b, pp x dp, pp x tp). One launch per world size
 writes that size's checkpoints; one launch per world size resumes every checkpoint under each of
-that size's layouts, one ``pt.Run`` after another. docs/checkpoints.md shows the table.
+that size's layouts, one ``pt.Run`` after another. The README shows the table.
 """
 
 from __future__ import annotations

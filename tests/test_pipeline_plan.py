@@ -242,3 +242,35 @@ def test_a_loss_fn_that_is_not_a_function_is_refused_before_the_model_is_set_up(
         model = run.setup(model, loss_fn=nn.functional.cross_entropy)  # nothing was lost
         x, y = _digits()[:4]
         torch.testing.assert_close(model(x, target=y), nn.functional.cross_entropy(model(x), y))
+
+
+class _TiedLM(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok_emb: nn.Module | None = nn.Embedding(10, 4)
+        self.body = nn.Linear(4, 4)
+        self.lm_head: nn.Module | None = nn.Linear(4, 10, bias=False)
+        assert self.tok_emb is not None and self.lm_head is not None
+        self.lm_head.weight = self.tok_emb.weight
+
+
+def _cut_tied(model: nn.Module, stage: int, stages: int) -> nn.Module:
+    import copy
+
+    part = copy.deepcopy(model)
+    if stage == 0:
+        part.lm_head = None
+    else:
+        part.tok_emb = None
+    return part
+
+
+def test_a_stage_builder_that_splits_tied_weights_is_told_they_are_tied() -> None:
+    from paratrain.pipeline import built_stage
+
+    model = _TiedLM()
+    with pytest.raises(ModelError, match="'tok_emb.weight' and 'lm_head.weight' are one tied"):
+        built_stage(_cut_tied, model, 0, 2)
+    with pytest.raises(ModelError, match="'lm_head.weight' and 'tok_emb.weight' are one tied"):
+        built_stage(_cut_tied, model, 1, 2)
+    assert built_stage(lambda m, stage, stages: m, model, 0, 1) is model  # both in one stage

@@ -100,7 +100,12 @@ def test_per_rank_state_and_model_methods_on_two_ranks(tmp_path: Path) -> None:
     assert [r["per_rank"] for r in results] == [[[1.0, 1.0], [7.0, 7.0]], [[2.0, 2.0], [7.0, 7.0]]]
     assert results[0]["ddp"] == results[1]["ddp"] == results[0]["fsdp"]
 
-    # One process: the equal state resumes, the per-rank one is refused, naming it.
+    # ckpt inspect says where it resumes; one process: the equal state resumes, the per-rank
+    # one is refused, naming it.
+    from paratrain.checkpoint.inspection import inspect
+
+    (folder,) = (p for p in Path(ckpt).iterdir() if p.name.startswith("step-"))
+    assert inspect(folder)["resumes_under"]["world_size"].startswith("2 only: run.track state")
     with pt.Run(strategy="cpu", ckpt_dir=ckpt, progress=False) as run:
         run.setup(nn.Linear(3, 2))
         same = run.track(Accumulator(), "same")

@@ -169,8 +169,9 @@ def built_stage(builder: StageBuilder, model: nn.Module, stage: int, stages: int
             f"pipeline_split returned {type(module).__name__} for stage {stage}; it must "
             "return the nn.Module that runs that stage."
         )
-    known = {name for name, _ in model.named_parameters()}
-    foreign = [name for name, _ in module.named_parameters() if name not in known]
+    known = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+    own = [name for name, _ in module.named_parameters(remove_duplicate=False)]
+    foreign = [name for name in own if name not in known]
     if foreign:
         raise ModelError(
             f"The module pipeline_split built for stage {stage} has parameters the model does "
@@ -178,7 +179,26 @@ def built_stage(builder: StageBuilder, model: nn.Module, stage: int, stages: int
             "the other stages' layers from a copy of the model, instead of wrapping or "
             "renaming), so checkpoints load under any layout."
         )
+    for group in _tied_names(model):
+        held = [name for name in group if name in own]
+        missing = [name for name in group if name not in own]
+        if held and missing:
+            raise ModelError(
+                f"{held[0]!r} and {missing[0]!r} are one tied parameter, but the stage "
+                f"pipeline_split built for stage {stage} holds {held[0]!r} without "
+                f"{missing[0]!r}: tied weights cannot span pipeline stages, which live on "
+                "different ranks. Keep both layers in one stage, or untie them (give the layer "
+                "its own copy: nn.Parameter(weight.detach().clone()))."
+            )
     return module
+
+
+def _tied_names(model: nn.Module) -> list[list[str]]:
+    """Names that share one parameter (an embedding tied to the output layer)."""
+    names: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+    return [group for group in names.values() if len(group) > 1]
 
 
 def check_untied(stages: list[nn.Module], indices: list[int]) -> None:

@@ -50,6 +50,8 @@ def test_inspect_reports_prefixes_and_resume_state(
     report = json.loads(out)
     assert report["saved_by"]["strategy"] == "cpu" and report["saved_by"]["world_size"] == 1
     assert report["resume_state"]["optimizer"] and report["resume_state"]["extras"] == ["best"]
+    under = report["resumes_under"]
+    assert under["world_size"] == "any" and under["layouts"].endswith("pp x dp, pp x tp")
 
 
 def test_verify_exit_codes(files: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:

@@ -133,6 +133,37 @@ def _saved_run(folder: Path) -> dict[str, Any]:
             "rng_ranks": len(rng) if isinstance(rng, list) else 0,
             "extras": sorted(map(str, extras)) if isinstance(extras, dict) else [],
         },
+        "resumes_under": _resumes_under(manifest, trainer),
+    }
+
+
+LAYOUTS = (
+    "one process, ddp, fsdp, tp, fsdp+tp, hsdp, pipeline (1f1b, gpipe, interleaved), "
+    "pp x dp, pp x tp"
+)
+"""Every layout resumes from every other (tests/test_layout_matrix.py proves each pair)."""
+
+
+def _resumes_under(manifest: Manifest, trainer: dict[str, Any]) -> dict[str, str]:
+    """The layouts and world sizes a resume from this checkpoint works under."""
+    per_rank = trainer.get("objects_per_rank")
+    differing = sorted(map(str, per_rank)) if isinstance(per_rank, dict) else []
+    world = (
+        f"{manifest.world_size} only: run.track state that differs by rank ({differing}); "
+        "track it with replicated=True if one rank's copy serves all"
+        if differing
+        else "any"
+    )
+    return {
+        "layouts": LAYOUTS,
+        "world_size": world,
+        "tp": "a tp size that divides every split layer's width (and head count)",
+        "global_batch": (
+            f"{manifest.global_batch} (per-rank batch x data-parallel ranks x grad_accum); "
+            "another is reported at resume, kept with keep_global_batch=True"
+            if manifest.global_batch
+            else "as saved"
+        ),
     }
 
 
