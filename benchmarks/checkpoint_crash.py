@@ -115,7 +115,7 @@ def run_trials(
     ``env``: variables set meanwhile (endpoint and credentials of object storage)."""
     rng = random.Random(seed)
     ok = mid_save = 0
-    # What every writer imports (paratrain.run; torch._dynamo, which AdamW pulls in) is
+    # What every writer imports (paratrain.runtime.run; torch._dynamo, which AdamW pulls in) is
     # imported here once, not again in each forked writer: more of each trial is saving.
     assert pt.Run is not None and torch.optim.AdamW(nn.Linear(1, 1).parameters())
     with tempfile.TemporaryDirectory() as tmp, _environment(env):

@@ -1,7 +1,7 @@
 import pytest
 
-from paratrain.accumulation import Windows
 from paratrain.errors import ConfigError
+from paratrain.runtime.accumulation import Windows
 from tests.support.training import max_abs_diff, train
 
 

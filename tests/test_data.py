@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 from torch.utils.data import DistributedSampler
 
 from paratrain import to_device
-from paratrain.data import ExactOnceSampler, ShardedSampler, build_sampler
+from paratrain.data.build import check_batch_size
+from paratrain.data.loader import ExactOnceSampler, ShardedSampler, build_sampler
 from paratrain.errors import ConfigError
-from paratrain.loader_build import check_batch_size
 from tests.support.training import dataset
 
 

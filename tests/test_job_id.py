@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from paratrain.environment import LaunchEnv
-from paratrain.job_id import job_id
+from paratrain.distributed.environment import LaunchEnv
+from paratrain.distributed.job_id import job_id
 
 
 def _env(**values: str) -> LaunchEnv:

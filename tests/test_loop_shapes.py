@@ -215,7 +215,7 @@ def test_launcher_run_dir_conflict_is_an_error(
 def test_run_reports_its_run_dir_to_the_launcher(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from paratrain.environment import read_report
+    from paratrain.distributed.environment import read_report
 
     monkeypatch.setenv("PARATRAIN_REPORT", str(tmp_path / "report.json"))
     with pt.Run(strategy="cpu", run_dir=tmp_path / "mine", progress=False):

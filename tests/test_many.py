@@ -17,8 +17,8 @@ from torch.optim.swa_utils import AveragedModel
 from torch.utils.data import IterableDataset, TensorDataset
 
 import paratrain as pt
+from paratrain.data.build import make_loader
 from paratrain.errors import CheckpointError, ConfigError
-from paratrain.loader_build import make_loader
 from tests.support.distributed import rank_of_two
 from tests.support.training import dataset, max_abs_diff, mlp
 

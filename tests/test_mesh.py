@@ -15,8 +15,8 @@ from torch import nn
 
 import paratrain as pt
 from paratrain.errors import ConfigError, ModelError
-from paratrain.mesh import AXES, MeshShape, check_mesh_setting
-from paratrain.tp import TPPlan, attention, auto_plan, mlp, output, resolve
+from paratrain.plans.mesh import AXES, MeshShape, check_mesh_setting
+from paratrain.plans.tp import TPPlan, attention, auto_plan, mlp, output, resolve
 from tests.support.distributed import rank_of_two
 
 sizes = st.dictionaries(st.sampled_from(AXES), st.integers(1, 6), min_size=1)
@@ -265,7 +265,7 @@ def test_any_plan_is_applied_or_refused_with_a_message(plan: dict[Any, Any], tp:
 
 
 def check_tp_plan_and_resolve(plan: dict[Any, Any], tp: int) -> None:
-    from paratrain.tp import check_tp_plan
+    from paratrain.plans.tp import check_tp_plan
 
     check_tp_plan("tp_plan", plan)
     resolve(Model(), plan, tp)

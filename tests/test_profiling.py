@@ -15,8 +15,8 @@ from torch import nn
 from torch.utils.data import Dataset
 
 import paratrain as pt
-from paratrain.profile_summary import PARTS, summarize
-from paratrain.profiling import Profile, as_profile
+from paratrain.profiling.step_profiler import Profile, as_profile
+from paratrain.profiling.summary import PARTS, summarize
 from tests.support.distributed import run_distributed
 
 # -- the summary of a trace (synthetic traces: each label's rule on its own) -------------------

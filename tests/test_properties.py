@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from torch import nn
 
 import paratrain as pt
+from paratrain.data.samplers import EvenBatchSampler
 from paratrain.errors import ConfigError
-from paratrain.samplers import EvenBatchSampler
 from tests.support.training import dataset, max_abs_diff, mlp
 
 

@@ -166,7 +166,7 @@ def test_accumulate_takes_a_compiled_set_up_model() -> None:
 
 
 def test_logger_is_silent_off_the_main_process() -> None:
-    from paratrain.console import Console
+    from paratrain.runtime.console import Console
 
     off = Console(is_main=False, run_dir=".", progress=False)
     record = logging.LogRecord("x", logging.INFO, __file__, 1, "msg", None, None)

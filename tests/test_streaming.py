@@ -16,9 +16,9 @@ from hypothesis import strategies as hs
 from torch.utils.data import IterableDataset, TensorDataset
 
 import paratrain as pt
-from paratrain import streaming
+from paratrain.data import streaming
+from paratrain.data.streaming import StreamShard, fingerprint, shard_stream, splits_itself
 from paratrain.errors import ConfigError, DataError
-from paratrain.streaming import StreamShard, fingerprint, shard_stream, splits_itself
 from tests.support.streams import Counting, features, train_on_stream
 
 

@@ -2,8 +2,8 @@ from pathlib import Path
 
 import pytest
 
+from paratrain.distributed.topology import Topology, first_host, slurm_rendezvous_port
 from paratrain.errors import ConfigError
-from paratrain.topology import Topology, first_host, slurm_rendezvous_port
 
 
 def test_single_process_without_launcher() -> None:

@@ -26,35 +26,35 @@ from paratrain.errors import (
 from paratrain.version import __version__
 
 if TYPE_CHECKING:
-    from paratrain import tp
     from paratrain.checkpoint.loading import LoadReport, load_weights
     from paratrain.config import RunConfig
-    from paratrain.data import ExactOnceSampler, to_device
+    from paratrain.data.loader import ExactOnceSampler, to_device
+    from paratrain.distributed.topology import Topology
     from paratrain.launcher.spawn import RankFailedError, launch
-    from paratrain.profiling import Profile
-    from paratrain.run import Run
+    from paratrain.plans import tp
+    from paratrain.profiling.step_profiler import Profile
+    from paratrain.runtime.run import Run
     from paratrain.strategies.fsdp_methods import gathered
-    from paratrain.topology import Topology
 
 # Imported on first use, so that `paratrain doctor` runs (and reports) when torch is broken.
 _LAZY = {
     "LoadReport": "paratrain.checkpoint.loading",
     "load_weights": "paratrain.checkpoint.loading",
     "RunConfig": "paratrain.config",
-    "ExactOnceSampler": "paratrain.data",
-    "to_device": "paratrain.data",
-    "Run": "paratrain.run",
-    "Profile": "paratrain.profiling",
+    "ExactOnceSampler": "paratrain.data.loader",
+    "to_device": "paratrain.data.loader",
+    "Run": "paratrain.runtime.run",
+    "Profile": "paratrain.profiling.step_profiler",
     "launch": "paratrain.launcher.spawn",
     "RankFailedError": "paratrain.launcher.spawn",
-    "Topology": "paratrain.topology",
+    "Topology": "paratrain.distributed.topology",
     "gathered": "paratrain.strategies.fsdp_methods",
 }
 
 
 def __getattr__(name: str) -> Any:
     if name == "tp":  # tensor-parallel plans: pt.tp.mlp(...), pt.tp.attention(...)
-        return importlib.import_module("paratrain.tp")
+        return importlib.import_module("paratrain.plans.tp")
     if name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value

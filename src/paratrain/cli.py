@@ -19,7 +19,7 @@ import importlib
 import sys
 from typing import Any
 
-from paratrain.entrypoint import exit_on_user_error
+from paratrain.distributed.entrypoint import exit_on_user_error
 from paratrain.errors import EnvironmentMismatchError
 from paratrain.launcher.arguments import VALUED_OPTIONS, split_target
 from paratrain.version import __version__

@@ -24,12 +24,12 @@ from torch.nn import Module
 
 from paratrain.checkpoint.object_storage import check_url, is_url, looks_mangled
 from paratrain.errors import ConfigError
-from paratrain.mesh import check_mesh_setting
-from paratrain.module_policy import ModulePolicy
 from paratrain.paths import check_creatable
-from paratrain.pipeline import SplitSetting, check_split_setting
-from paratrain.profiling import ProfileSetting, check_profile_setting
-from paratrain.tp import PlanSetting, check_tp_plan
+from paratrain.plans.mesh import check_mesh_setting
+from paratrain.plans.module_policy import ModulePolicy
+from paratrain.plans.pipeline_stages import SplitSetting, check_split_setting
+from paratrain.plans.tp import PlanSetting, check_tp_plan
+from paratrain.profiling.step_profiler import ProfileSetting, check_profile_setting
 from paratrain.trackers.settings import (
     check_combination,
     check_log_to,

@@ -21,7 +21,7 @@ import pytest
 import torch
 import yaml
 
-from paratrain.ports import free_port
+from paratrain.distributed.ports import free_port
 from tests.examples.support import EXAMPLES, ROOT
 
 pytestmark = pytest.mark.examples

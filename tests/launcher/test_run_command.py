@@ -24,7 +24,7 @@ pytestmark = pytest.mark.dist
 REPORTS_AND_FAILS = """
 import json, os, sys
 from pathlib import Path
-from paratrain.environment import LaunchEnv
+from paratrain.distributed.environment import LaunchEnv
 
 rank, run_dir = int(os.environ["RANK"]), Path(sys.argv[1]).resolve()
 if rank == 0:

@@ -9,7 +9,7 @@ from traceback import FrameSummary
 
 import pytest
 
-from paratrain.watchdog import CodeRoots, Watchdog, diagnose, judge
+from paratrain.distributed.watchdog import CodeRoots, Watchdog, diagnose, judge
 
 ROOTS = CodeRoots(
     torch="/env/site-packages/torch",

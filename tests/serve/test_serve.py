@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from paratrain.ports import free_port
+from paratrain.distributed.ports import free_port
 
 SERVE_USER = "paratrain-ci"
 SSH_OPTIONS = [

@@ -2,9 +2,9 @@ import pytest
 import torch
 
 from paratrain.config import RunConfig
+from paratrain.distributed.topology import Topology
 from paratrain.errors import ConfigError, EnvironmentMismatchError
 from paratrain.strategies import STRATEGY_NAMES, select_strategy
-from paratrain.topology import Topology
 
 
 def topo(world: int = 1, local_world: int | None = None, rank: int = 0) -> Topology:

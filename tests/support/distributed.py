@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from paratrain.distributed.topology import Topology
 from paratrain.launcher.ranks import FileGroup, spawn_ranks
-from paratrain.topology import Topology
 
 
 def rank_of_two() -> Topology:

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 import paratrain as pt
-from paratrain.final_state import local
+from paratrain.runtime.final_state import local
 from tests.support.training import dataset, mlp
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from paratrain.environment import LaunchEnv
+from paratrain.distributed.environment import LaunchEnv
 from paratrain.errors import ConfigError
 from paratrain.faults import EVENTS, KillPoint
 from paratrain.verify.kill_points import Event, choose, read_trace, spread

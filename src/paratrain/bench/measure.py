@@ -41,7 +41,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 import paratrain as pt
 from paratrain.bench.loops import Config, Loop, Settings, bench_dataset, bench_device
 from paratrain.bench.models import ModelSpec
-from paratrain.memory import peak_memory_mb, reset_peak_memory
+from paratrain.profiling.memory import peak_memory_mb, reset_peak_memory
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -137,7 +137,7 @@ def reference_loop(spec: ModelSpec, config: Config, settings: Settings) -> Loop:
             parallelize_module,
         )
 
-        from paratrain.tp import auto_plan
+        from paratrain.plans.tp import auto_plan
 
         styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
         mesh = init_device_mesh(device.type, (dist.get_world_size(),))
@@ -205,7 +205,7 @@ def _two_dimensional(layout: str, model: nn.Module, device: torch.device) -> Non
         parallelize_module,
     )
 
-    from paratrain.tp import auto_plan
+    from paratrain.plans.tp import auto_plan
 
     styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
     plan = {name: styles[style]() for name, style in auto_plan(model).styles.items()}
@@ -221,7 +221,7 @@ def _pipeline_reference(
     rank, ``Schedule1F1B`` with one micro-batch per stage, inputs to the first stage only."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
-    from paratrain.pipeline import plan_stages, stage_module
+    from paratrain.plans.pipeline_stages import plan_stages, stage_module
 
     world, rank = dist.get_world_size(), dist.get_rank()
     for tensor in [*model.parameters(), *model.buffers()]:

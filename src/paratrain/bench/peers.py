@@ -31,7 +31,7 @@ from torch.utils.data import DataLoader
 
 from paratrain.bench.loops import LAYOUTS, Config, Loop, Settings, bench_dataset, bench_device
 from paratrain.bench.models import ModelSpec
-from paratrain.collectives import reduce
+from paratrain.distributed.collectives import reduce
 from paratrain.errors import ConfigError
 
 PEERS = ("accelerate", "fabric")

@@ -24,8 +24,8 @@ from paratrain.config import RunConfig
 from paratrain.errors import ParatrainError
 from paratrain.launcher.preflight import preflight
 from paratrain.launcher.ranks import FileGroup, RankFailedError, spawn_ranks
-from paratrain.pipeline import plan_stages
-from paratrain.tp import auto_plan
+from paratrain.plans.pipeline_stages import plan_stages
+from paratrain.plans.tp import auto_plan
 
 
 def make_plan(

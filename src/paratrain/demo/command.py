@@ -17,13 +17,13 @@ import torch
 
 from paratrain.cli_types import positive_int
 from paratrain.config import RunConfig
+from paratrain.data.build import check_batch_size
 from paratrain.demo.plot import plot_curves
 from paratrain.errors import ConfigError, ParatrainError
 from paratrain.launcher.plan import RunOptions, make_plan
 from paratrain.launcher.preflight import preflight
-from paratrain.loader_build import check_batch_size
 from paratrain.paths import check_creatable, make_folder
-from paratrain.run_dir import RunDir
+from paratrain.runtime.run_dir import RunDir
 
 TARGET_ACCURACY = 0.95
 

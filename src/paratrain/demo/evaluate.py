@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from paratrain.demo.digits import DigitsCNN, accuracy_counts, digits_datasets
-from paratrain.entrypoint import exit_on_user_error
+from paratrain.distributed.entrypoint import exit_on_user_error
 from paratrain.errors import ParatrainError
 
 

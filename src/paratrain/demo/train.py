@@ -18,7 +18,7 @@ from torch import nn
 
 import paratrain as pt
 from paratrain.demo.digits import DigitsCNN, accuracy_counts, digits_datasets
-from paratrain.entrypoint import exit_on_user_error
+from paratrain.distributed.entrypoint import exit_on_user_error
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from paratrain.ports import free_port, port_is_free
+from paratrain.distributed.ports import free_port, port_is_free
 
 # Oldest Linux driver that runs each CUDA major version (CUDA minor-version compatibility).
 MIN_DRIVER = {11: (450, 80), 12: (525, 60), 13: (580, 65)}

@@ -25,12 +25,12 @@ import tempfile
 from pathlib import Path
 
 from paratrain.cli_types import non_negative_int, positive_int
-from paratrain.environment import read_report
+from paratrain.distributed.environment import read_report
+from paratrain.distributed.watchdog import diagnose
 from paratrain.errors import ParatrainError
 from paratrain.launcher.ranks import SECONDARY_ERRORS
 from paratrain.launcher.supervise import STOPPED, supervise
-from paratrain.run_dir import RunDir
-from paratrain.watchdog import diagnose
+from paratrain.runtime.run_dir import RunDir
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

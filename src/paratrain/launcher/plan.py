@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn
 
-from paratrain.environment import BACKEND_VAR, REPORT_VAR, RUN_DIR_VAR
+from paratrain.distributed.environment import BACKEND_VAR, REPORT_VAR, RUN_DIR_VAR
+from paratrain.distributed.ports import free_port, port_is_free
+from paratrain.distributed.topology import env_int, first_host, slurm_rendezvous_port
 from paratrain.errors import ConfigError, EnvironmentMismatchError
 from paratrain.paths import check_creatable
-from paratrain.ports import free_port, port_is_free
-from paratrain.topology import env_int, first_host, slurm_rendezvous_port
 
 DEFAULT_PORT = 29500
 
@@ -40,7 +40,7 @@ class RunOptions:
     rdzv_endpoint: str | None = None
     rdzv_id: str | None = None
     """``--rdzv-id``: the job's id (checkpoint lineage, tracker runs). Default: the Slurm job id,
-    else none (each job then generates one, see :mod:`paratrain.job_id`)."""
+    else none (each job then generates one, see :mod:`paratrain.distributed.job_id`)."""
     max_restarts: int = 0
     run_dir: Path | None = None
     """``--run-dir``; None leaves the choice to the script (its ``run_dir=`` or the default)."""
@@ -285,7 +285,8 @@ def _check_port_free(endpoint: str) -> None:
 
 
 def _run_env(options: RunOptions, env: Mapping[str, str]) -> dict[str, str]:
-    """What the ranks get on top of this process's environment (see paratrain.environment)."""
+    """What the ranks get on top of this process's environment (see
+    paratrain.distributed.environment)."""
     run_env = {"OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1")}
     if options.run_dir is not None:
         run_env[RUN_DIR_VAR] = str(options.run_dir)

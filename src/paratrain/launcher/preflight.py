@@ -12,9 +12,9 @@ checked on the device that strategy would use.
 from __future__ import annotations
 
 from paratrain.config import RunConfig
-from paratrain.precision import Precision
+from paratrain.distributed.topology import Topology
+from paratrain.runtime.precision import Precision
 from paratrain.strategies import Selection, select_strategy
-from paratrain.topology import Topology
 
 
 def local_topology(nproc: int) -> Topology:

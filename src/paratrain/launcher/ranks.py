@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from paratrain.ports import free_port
+from paratrain.distributed.ports import free_port
 
 POLL_S = 0.2
 """How often the parent checks for a rank that died without a word."""

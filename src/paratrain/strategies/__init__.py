@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import torch
 
 from paratrain.config import STRATEGY_NAMES, RunConfig
+from paratrain.distributed.topology import Topology
 from paratrain.errors import ConfigError
 from paratrain.strategies.base import Strategy, require_cuda
 from paratrain.strategies.single import visible_gpu_label
-from paratrain.topology import Topology
 
 # name -> (module, class). Modules load on first use: torch.distributed.fsdp alone takes about a
 # second to import, which every CLI command (doctor included) would otherwise pay.

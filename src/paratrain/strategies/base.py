@@ -16,9 +16,9 @@ import torch
 from torch import nn
 
 from paratrain.config import RunConfig
+from paratrain.distributed.topology import Topology
 from paratrain.errors import ConfigError, EnvironmentMismatchError, ModelError
-from paratrain.mesh import MeshShape
-from paratrain.topology import Topology
+from paratrain.plans.mesh import MeshShape
 
 
 class ForwardsAttributes(nn.Module):

@@ -20,9 +20,9 @@ from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel
 
 from paratrain.config import RunConfig
+from paratrain.distributed.topology import Topology
 from paratrain.errors import ConfigError, EnvironmentMismatchError
 from paratrain.strategies.base import ForwardsAttributes, Strategy, average_buffers
-from paratrain.topology import Topology
 
 _HOOKS = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
 

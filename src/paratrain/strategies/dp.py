@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 from paratrain.config import RunConfig
+from paratrain.distributed.topology import Topology
 from paratrain.errors import EnvironmentMismatchError
 from paratrain.strategies.base import ForwardsAttributes, Strategy
-from paratrain.topology import Topology
 
 
 class DataParallelModule(ForwardsAttributes, nn.DataParallel):  # type: ignore[type-arg]

@@ -36,13 +36,13 @@ from torch.distributed.fsdp import (
 )
 
 from paratrain.config import RunConfig
+from paratrain.distributed.topology import Topology
 from paratrain.errors import ConfigError
-from paratrain.mesh import MeshShape
-from paratrain.module_policy import selected
+from paratrain.plans.mesh import MeshShape
+from paratrain.plans.module_policy import selected
 from paratrain.strategies.base import Strategy, average_buffers, cpu_copies
 from paratrain.strategies.ddp import check_ranks_fit_gpus
 from paratrain.strategies.fsdp_methods import check_methods
-from paratrain.topology import Topology
 
 
 class FSDPStrategy(Strategy):

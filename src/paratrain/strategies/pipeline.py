@@ -13,9 +13,9 @@
     run.step(optimizer)
 
 ``wrap`` gives every rank rank 0's initial weights, cuts the model into stages
-(:mod:`paratrain.pipeline`), keeps this rank's (stage ``r``, and ``r + pp``, ... with several
-stages per rank), splits layers inside them with ``tp_plan`` when the mesh has a tp axis,
-shards each with ``fully_shard`` over the data axes when they have more than one rank, and
+(:mod:`paratrain.plans.pipeline_stages`), keeps this rank's (stage ``r``, and ``r + pp``, ...
+with several stages per rank), splits layers inside them with ``tp_plan`` when the mesh has a
+tp axis, shards each with ``fully_shard`` over the data axes when they have more than one rank, and
 returns a :class:`PipelineModel`. Its forward runs ``torch.distributed.pipelining``
 (``PipelineStage`` and the GPipe, 1F1B or interleaved 1F1B schedule): training with ``target=``
 runs forward and backward of ``n_microbatches`` micro-batches and returns the batch's mean loss
@@ -42,14 +42,15 @@ from torch.distributed.pipelining import (
     ScheduleLoopedBFS,
 )
 
-from paratrain import pipeline, tp
 from paratrain.config import RunConfig
+from paratrain.distributed.topology import Topology
 from paratrain.errors import ConfigError, ModelError
-from paratrain.mesh import MeshShape
+from paratrain.plans import pipeline_stages as pipeline
+from paratrain.plans import tp
+from paratrain.plans.mesh import MeshShape
+from paratrain.plans.tp_split import split, stand_in
 from paratrain.strategies.base import average_buffers, cpu_copies
 from paratrain.strategies.tp import TensorParallelStrategy, clip_by_global_norm
-from paratrain.topology import Topology
-from paratrain.tp_split import split, stand_in
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 

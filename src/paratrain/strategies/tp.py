@@ -23,13 +23,13 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate
 
-from paratrain import tp
 from paratrain.config import RunConfig
+from paratrain.distributed.topology import Topology
 from paratrain.errors import ConfigError
-from paratrain.mesh import MeshShape
+from paratrain.plans import tp
+from paratrain.plans.mesh import MeshShape
+from paratrain.plans.tp_split import split
 from paratrain.strategies.fsdp import FSDPStrategy
-from paratrain.topology import Topology
-from paratrain.tp_split import split
 
 
 class TensorParallelStrategy(FSDPStrategy):

@@ -7,7 +7,7 @@
 The command is the launcher's own (:func:`paratrain.launcher.plan.make_plan`), with
 ``--max-restarts 1`` when a rank is to be killed, so torchrun restarts it exactly as
 ``paratrain run --max-restarts 1`` does and ``pt.Run`` resumes by itself. The variables of
-:mod:`paratrain.faults` and :mod:`paratrain.final_state` go to the ranks; the output goes to
+:mod:`paratrain.faults` and :mod:`paratrain.runtime.final_state` go to the ranks; the output goes to
 ``verify-resume/output.log`` inside the run dir.
 """
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from paratrain.environment import FINAL_STATE_VAR, KILL_VAR, TRACE_VAR, read_report
+from paratrain.distributed.environment import FINAL_STATE_VAR, KILL_VAR, TRACE_VAR, read_report
 from paratrain.faults import KillPoint
 from paratrain.launcher.command import failure_summary
 from paratrain.launcher.plan import LaunchPlan, RunOptions, make_plan

@@ -14,7 +14,7 @@ from typing import Any
 import torch.utils.checkpoint
 from torch import nn
 
-from paratrain.module_policy import ModulePolicy, selected
+from paratrain.plans.module_policy import ModulePolicy, selected
 
 _CLASSES: dict[type[nn.Module], type[nn.Module]] = {}
 

@@ -58,7 +58,7 @@ def spine(model: nn.Module) -> list[tuple[str, nn.Module]]:
             f"runs in order), but this is a {type(model).__name__}, whose forward paratrain "
             "cannot cut. Build the model as nn.Sequential(...), or pass pipeline_split=a "
             "function (model, stage, stages) -> the module of that stage, keeping the model's "
-            "parameter names (see paratrain.pipeline)."
+            "parameter names (see paratrain.plans.pipeline_stages)."
         )
     layers: list[tuple[str, nn.Module]] = []
 

@@ -10,9 +10,9 @@ ranks consumed in it. That position is part of every checkpoint (``state_dict``)
 run continues each loader exactly where it stopped, and ``len(loader)`` is the length of the pass
 about to run (shorter right after a mid-epoch resume). A second pass within one epoch (a loop
 that does not use ``run.epochs``) is shuffled as the next epoch, with a warning, instead of
-repeating the same order. Samplers: :mod:`paratrain.samplers`.
+repeating the same order. Samplers: :mod:`paratrain.data.samplers`.
 
-A stream (an ``IterableDataset``, split by :mod:`paratrain.streaming`) keeps every rank's
+A stream (an ``IterableDataset``, split by :mod:`paratrain.data.streaming`) keeps every rank's
 position in each checkpoint. The ranks agree after each fetch whether all got a batch (a tiny
 all-reduce on a gloo side group), so uneven shares end the pass on every rank at once; ranks or
 workers that got the same data or read in different orders are reported (built by loader_build).
@@ -32,15 +32,15 @@ from torch.autograd.profiler import record_function
 from torch.utils.data import DataLoader, DistributedSampler
 
 from paratrain import faults
-from paratrain.errors import DataError
-from paratrain.samplers import (
+from paratrain.data.samplers import (
     EvenBatchSampler,
     ExactOnceSampler,
     ShardedSampler,
     build_sampler,
 )
-from paratrain.stream_resume import resume_elsewhere, saved_workers, worker_states
-from paratrain.streaming import StreamShard, fingerprint, order_problem
+from paratrain.data.stream_resume import resume_elsewhere, saved_workers, worker_states
+from paratrain.data.streaming import StreamShard, fingerprint, order_problem
+from paratrain.errors import DataError
 
 __all__ = [
     "DeviceLoader",
@@ -327,7 +327,7 @@ class DeviceLoader(Generic[T]):
 
     def _split_anew(self, epoch: int, samples: int, every_rank: list[Any]) -> None:
         """Resumed at another layout (world size, workers): the rest of the pass is split over
-        this one (:func:`paratrain.stream_resume.resume_elsewhere`)."""
+        this one (:func:`paratrain.data.stream_resume.resume_elsewhere`)."""
         assert self.stream is not None
         state, note = resume_elsewhere(
             self.stream, every_rank, epoch=epoch, samples=samples, ranks=self.world_size,

@@ -5,7 +5,7 @@
                                  # running, so a restarted worker resumes now (once)
     hooks.last_micro_batch(key)  # is this micro-batch the last of the driving loader's pass?
 
-Also the callbacks a :class:`paratrain.data.DeviceLoader` makes (a pass starts, a batch
+Also the callbacks a :class:`paratrain.data.loader.DeviceLoader` makes (a pass starts, a batch
 arrives).
 """
 
@@ -16,20 +16,20 @@ from typing import Any, Protocol
 
 import torch.distributed as dist
 
-from paratrain.accumulation import Windows
-from paratrain.checkpoint import resume as checkpoints
 from paratrain.config import RunConfig
-from paratrain.console import Console
-from paratrain.data import DeviceLoader
+from paratrain.data.loader import DeviceLoader
+from paratrain.distributed.watchdog import Watchdog
 from paratrain.errors import ConfigError
-from paratrain.loop_state import LoopState
-from paratrain.profiling import StepProfiler
-from paratrain.run_checkpoints import RunCheckpoints
-from paratrain.seeding import seed_rank_stream
-from paratrain.stats import StatsWriter
+from paratrain.profiling.step_profiler import StepProfiler
+from paratrain.runtime import save_restore as checkpoints
+from paratrain.runtime.accumulation import Windows
+from paratrain.runtime.checkpoints import RunCheckpoints
+from paratrain.runtime.console import Console
+from paratrain.runtime.loop_state import LoopState
+from paratrain.runtime.registry import Tracked
+from paratrain.runtime.seeding import seed_rank_stream
+from paratrain.runtime.stats import StatsWriter
 from paratrain.strategies import Strategy
-from paratrain.tracking import Tracked
-from paratrain.watchdog import Watchdog
 
 
 class _RunParts(Protocol):

@@ -29,7 +29,7 @@ What ``paratrain verify-resume`` passes (for testing restart safety; see
                            its N-th event of kind EVENT (N counted from 1).
 ``PARATRAIN_FINAL_STATE``  a folder: when the run closes, or at interpreter exit if it never
                            does, each rank writes its own state there as ``rank<r>.pt``
-                           (:mod:`paratrain.final_state`).
+                           (:mod:`paratrain.runtime.final_state`).
 =========================  ==============================================================
 """
 
@@ -67,7 +67,7 @@ class LaunchEnv:
     """``TORCHELASTIC_RESTART_COUNT``: 0 on the first start, k after the k-th restart."""
     job_id: str | None
     """An id shared by every attempt of this job (torchrun's ``--rdzv-id``, else Slurm's job
-    id); None when neither gives one (:mod:`paratrain.job_id` then generates it)."""
+    id); None when neither gives one (:mod:`paratrain.distributed.job_id` then generates it)."""
     trace: str | None = None
     """``PARATRAIN_TRACE``: the folder each rank appends its loop events to."""
     kill: KillPoint | None = None

@@ -35,7 +35,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils._pytree import tree_flatten, tree_map
 
 from paratrain.errors import ModelError
-from paratrain.tp import Resolved
+from paratrain.plans.tp import Resolved
 
 HEAD_COUNT = re.compile(r"(^|_)(n|num)_?(kv_|key_value_|attention_)?heads?$|^n?heads?$|^nhead$")
 """Names of int attributes that hold a head count (``n_heads``, ``num_kv_heads``, ``nhead``)."""

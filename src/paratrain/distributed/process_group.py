@@ -17,8 +17,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from paratrain.distributed.topology import Topology
 from paratrain.errors import ConfigError, EnvironmentMismatchError
-from paratrain.topology import Topology
 
 
 def init_process_group(

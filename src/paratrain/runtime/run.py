@@ -33,30 +33,31 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils.data import Dataset
 
-from paratrain import data, faults
-from paratrain.accumulation import Windows
-from paratrain.checkpoint.resume import CheckpointInfo
+from paratrain import faults
 from paratrain.checkpoint.store import CheckpointStore
 from paratrain.config import RunConfig
+from paratrain.data import loader as data
+from paratrain.data.build import make_loader
 from paratrain.errors import ConfigError
-from paratrain.job import Job
-from paratrain.loader_build import make_loader
-from paratrain.loop_state import LoopState
-from paratrain.model_setup import (
+from paratrain.profiling.step_profiler import Profile, StepProfiler, as_profile, check_no_window
+from paratrain.runtime.accumulation import Windows
+from paratrain.runtime.checkpoints import RunCheckpoints, RunParts
+from paratrain.runtime.loop_hooks import LoopHooks
+from paratrain.runtime.loop_state import LoopState
+from paratrain.runtime.model_setup import (
     attach_loss,
     check_disjoint,
     check_loss_fn,
     prepare_model,
     rebind_optimizer,
 )
-from paratrain.profiling import Profile, StepProfiler, as_profile, check_no_window
-from paratrain.run_checkpoints import RunCheckpoints, RunParts
-from paratrain.run_loop import LoopHooks
-from paratrain.seeding import rank_seed, seed_everything
-from paratrain.stats import StatsWriter
-from paratrain.stepping import Stepper, StepRounds, refuse_metric_scheduler
+from paratrain.runtime.registry import Tracked, Unit
+from paratrain.runtime.run_base import Job
+from paratrain.runtime.save_restore import CheckpointInfo
+from paratrain.runtime.seeding import rank_seed, seed_everything
+from paratrain.runtime.stats import StatsWriter
+from paratrain.runtime.stepping import Stepper, StepRounds, refuse_metric_scheduler
 from paratrain.trackers import STATE_NAME as TRACKER_STATE
-from paratrain.tracking import Tracked, Unit
 
 T = TypeVar("T")
 
@@ -376,7 +377,7 @@ class Run(Job):
         """Profile steps from the next one on (after ``wait`` + ``warmup``, ``active`` steps):
         a trace per rank in ``run_dir/profile`` and a printed table of where the time went.
         ``record`` takes :class:`paratrain.Profile`'s ``record_shapes``, ``profile_memory``,
-        ``with_stack``. Call it on every rank; see :mod:`paratrain.profiling`."""
+        ``with_stack``. Call it on every rank; see :mod:`paratrain.profiling.step_profiler`."""
         window = as_profile(dict(wait=wait, warmup=warmup, active=active, **record), "run.profile")
         check_no_window(self._profiler, closed=self._closed)
         self.barrier("run.profile")  # every rank arms it: the window's end is collective

@@ -20,7 +20,7 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 
 from paratrain.errors import ConfigError
-from paratrain.precision import Precision
+from paratrain.runtime.precision import Precision
 from paratrain.strategies import Strategy
 
 

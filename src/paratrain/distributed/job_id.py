@@ -20,7 +20,7 @@ import os
 import uuid
 from pathlib import Path
 
-from paratrain.environment import LaunchEnv
+from paratrain.distributed.environment import LaunchEnv
 
 __all__ = ["job_id"]
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from paratrain.memory import peak_memory_mb
+from paratrain.profiling.memory import peak_memory_mb
 
 
 class StatsWriter:

@@ -4,10 +4,10 @@
                          topology=topology, data_rank=0, data_size=2, device=device,
                          num_workers=None, hooks=hooks, name="loader", kwargs={})
 
-A map-style dataset gets a :class:`~paratrain.samplers.ShardedSampler` (training) or an
-:class:`~paratrain.samplers.EvenBatchSampler` (evaluation); an ``IterableDataset`` is split by
-rank and worker (:mod:`paratrain.streaming`) and, for training, read through torchdata's
-``StatefulDataLoader``. Either is wrapped in a :class:`~paratrain.data.DeviceLoader`. The
+A map-style dataset gets a :class:`~paratrain.data.samplers.ShardedSampler` (training) or an
+:class:`~paratrain.data.samplers.EvenBatchSampler` (evaluation); an ``IterableDataset`` is split by
+rank and worker (:mod:`paratrain.data.streaming`) and, for training, read through torchdata's
+``StatefulDataLoader``. Either is wrapped in a :class:`~paratrain.data.loader.DeviceLoader`. The
 DataLoader defaults (workers, pinned memory, a generator of the run's own for worker seeds) are
 chosen here, once for both kinds.
 """
@@ -21,11 +21,11 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from paratrain.data import DeviceLoader, LoaderHooks
+from paratrain.data.loader import DeviceLoader, LoaderHooks
+from paratrain.data.samplers import EvenBatchSampler, build_sampler, dataset_size
+from paratrain.data.streaming import shard_stream
+from paratrain.distributed.topology import Topology
 from paratrain.errors import ConfigError
-from paratrain.samplers import EvenBatchSampler, build_sampler, dataset_size
-from paratrain.streaming import shard_stream
-from paratrain.topology import Topology
 
 
 def check_batch_size(batch_size: object) -> int:
@@ -90,7 +90,7 @@ def make_loader(
     """The DataLoader behind ``run.loader`` / ``run.eval_loader``, wrapped in a DeviceLoader.
 
     ``kwargs`` go to the DataLoader, except ``shard`` (streams only: how to split an
-    ``IterableDataset``, see :mod:`paratrain.streaming`)."""
+    ``IterableDataset``, see :mod:`paratrain.data.streaming`)."""
     check_batch_size(batch_size)
     shard = kwargs.pop("shard", "auto")
     if isinstance(dataset, IterableDataset):

@@ -9,7 +9,7 @@ the window every rank writes ``run_dir/profile/rank<r>.steps-<a>-<b>.pt.trace.js
 trace format: open it in https://ui.perfetto.dev or chrome://tracing, or point TensorBoard with
 the torch-tb-profiler plugin at ``run_dir/profile``) and ``rank<r>.steps-<a>-<b>.summary.json``,
 and the main process prints one table: each rank's step time split into compute,
-communication, data wait, optimizer and idle (see :mod:`paratrain.profile_summary`). The end of
+communication, data wait, optimizer and idle (see :mod:`paratrain.profiling.summary`). The end of
 the window is collective (the table gathers every rank's summary): every rank profiles.
 """
 
@@ -26,10 +26,10 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from paratrain import collectives
-from paratrain.console import Console
+from paratrain.distributed import collectives
 from paratrain.errors import ConfigError
-from paratrain.profile_summary import Summary, render, summarize
+from paratrain.profiling.summary import Summary, render, summarize
+from paratrain.runtime.console import Console
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -27,9 +27,7 @@ import torch
 import torch.distributed as dist
 
 from paratrain.checkpoint.manifest import Manifest
-from paratrain.checkpoint.per_rank import objects_of_every_rank, per_rank_restorer
 from paratrain.checkpoint.plain_data import plain
-from paratrain.checkpoint.rng import capture_rng, reseed_rng, restore_rng
 from paratrain.checkpoint.store import (
     CheckpointStore,
     SaveRequest,
@@ -37,11 +35,13 @@ from paratrain.checkpoint.store import (
     distributed,
     load_trainer,
 )
-from paratrain.data import DeviceLoader
+from paratrain.data.loader import DeviceLoader
 from paratrain.errors import CheckpointDamagedError, CheckpointError, ConfigError
-from paratrain.loop_state import LoopState, loop_to_save
-from paratrain.precision import Precision
-from paratrain.tracking import Tracked, Unit
+from paratrain.runtime.loop_state import LoopState, loop_to_save
+from paratrain.runtime.per_rank import objects_of_every_rank, per_rank_restorer
+from paratrain.runtime.precision import Precision
+from paratrain.runtime.registry import Tracked, Unit
+from paratrain.runtime.rng import capture_rng, reseed_rng, restore_rng
 from paratrain.version import __version__
 
 T = TypeVar("T")

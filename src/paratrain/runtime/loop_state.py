@@ -5,8 +5,8 @@
     state = loop.state_dict()        # {"epoch": 0, "global_step": 1, "grad_accum": 4}
     loop.load_state_dict(state)
 
-The position inside an epoch belongs to each training loader (:class:`paratrain.data.Position`);
-:func:`epoch_to_save` combines the two for a checkpoint.
+The position inside an epoch belongs to each training loader
+(:class:`paratrain.data.loader.Position`); :func:`epoch_to_save` combines the two for a checkpoint.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from paratrain.data import DeviceLoader
+from paratrain.data.loader import DeviceLoader
 
 
 @dataclass(slots=True)

@@ -26,7 +26,7 @@ Position: a dataset with ``state_dict``/``load_state_dict`` (HF ``datasets``, yo
 and restored through torchdata's ``StatefulDataLoader``; one without is counted instead, and a
 resume reads and discards the examples each worker had consumed (printed as a note). A resume at
 another layout gives the shards the examples consumed before the save as *stages*
-(:class:`StreamShard`, :mod:`paratrain.stream_resume`).
+(:class:`StreamShard`, :mod:`paratrain.data.stream_resume`).
 """
 
 from __future__ import annotations

@@ -27,10 +27,10 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils._pytree import tree_map_only
 
-from paratrain.activation_checkpointing import apply_activation_checkpointing
 from paratrain.errors import ModelError
-from paratrain.module_policy import ModulePolicy
-from paratrain.precision import Precision
+from paratrain.plans.activation_checkpointing import apply_activation_checkpointing
+from paratrain.plans.module_policy import ModulePolicy
+from paratrain.runtime.precision import Precision
 from paratrain.strategies import Strategy
 
 _WRAPPERS = ("DistributedDataParallel", "DataParallel", "FullyShardedDataParallel")

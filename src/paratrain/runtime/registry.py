@@ -23,7 +23,7 @@ from typing import Any
 from torch import nn
 from torch.optim import Optimizer
 
-from paratrain.data import DeviceLoader
+from paratrain.data.loader import DeviceLoader
 from paratrain.errors import ConfigError, ModelError
 
 _NAME = re.compile(r"[A-Za-z0-9_\-]{1,64}")

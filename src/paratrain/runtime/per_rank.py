@@ -23,7 +23,7 @@ from torch.utils._pytree import tree_map_only
 from paratrain.checkpoint.plain_data import plain
 from paratrain.checkpoint.store import distributed
 from paratrain.errors import CheckpointError
-from paratrain.tracking import Tracked
+from paratrain.runtime.registry import Tracked
 
 
 def objects_of_every_rank(tracked: Tracked) -> dict[str, Any]:

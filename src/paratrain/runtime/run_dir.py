@@ -94,7 +94,7 @@ class RunDir:
     @property
     def job(self) -> Path:
         """``job.json``: the job id a job without a launcher id generated, read back by its
-        restarts (:mod:`paratrain.job_id`)."""
+        restarts (:mod:`paratrain.distributed.job_id`)."""
         return self.root / "job.json"
 
     @property

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from paratrain.streaming import StreamShard
+from paratrain.data.streaming import StreamShard
 
 __all__ = [
     "approximate_skip",
@@ -59,7 +59,7 @@ def worker_states(state: Any) -> list[dict[str, Any]] | None:
 
 
 def consumed_stages(every_rank: list[Any]) -> list[list[list[int]]] | None:
-    """The stages (see :class:`paratrain.streaming.StreamShard`) of what the workers of every
+    """The stages (see :class:`paratrain.data.streaming.StreamShard`) of what the workers of every
     rank consumed before the save; None when a state lacks the split (a stream that splits
     itself, a checkpoint of an older paratrain) or a rank's state is missing."""
     shards: list[dict[str, Any]] = []

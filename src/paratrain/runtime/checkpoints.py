@@ -5,11 +5,11 @@
     ckpts.resume(keep_global_batch=False)
     ckpts.resume_if_restarted()        # after a torchrun restart: once, at the first loop action
 
-What a checkpoint holds and how it is written is :mod:`paratrain.checkpoint.resume`; this module
+What a checkpoint holds and how it is written is :mod:`paratrain.runtime.save_restore`; this module
 decides *when* (explicitly, or on its own after a restart), refuses saves that would lose state,
 and records restarts in ``run_dir/restarts.jsonl``. Under ``paratrain verify-resume`` it also
 starts the event trace and kill point (:mod:`paratrain.faults`) and writes the final state at
-close or exit (:mod:`paratrain.final_state`).
+close or exit (:mod:`paratrain.runtime.final_state`).
 """
 
 from __future__ import annotations
@@ -22,22 +22,23 @@ from typing import Any
 
 import torch.distributed as dist
 
-from paratrain import faults, final_state
-from paratrain.accumulation import Windows
-from paratrain.checkpoint import resume as checkpoints
+from paratrain import faults
 from paratrain.checkpoint.object_storage import is_url
 from paratrain.checkpoint.remote_store import RemoteStore, open_store
 from paratrain.checkpoint.store import CheckpointStore
 from paratrain.config import RunConfig
-from paratrain.console import Console
-from paratrain.environment import LaunchEnv
+from paratrain.distributed.environment import LaunchEnv
+from paratrain.distributed.job_id import job_id
 from paratrain.errors import ConfigError
-from paratrain.job_id import job_id
-from paratrain.loop_state import LoopState
-from paratrain.precision import Precision
-from paratrain.run_dir import RunDir
+from paratrain.runtime import final_state
+from paratrain.runtime import save_restore as checkpoints
+from paratrain.runtime.accumulation import Windows
+from paratrain.runtime.console import Console
+from paratrain.runtime.loop_state import LoopState
+from paratrain.runtime.precision import Precision
+from paratrain.runtime.registry import Tracked
+from paratrain.runtime.run_dir import RunDir
 from paratrain.strategies import Strategy
-from paratrain.tracking import Tracked
 
 
 @dataclass(kw_only=True)
@@ -233,7 +234,7 @@ class RunCheckpoints:
 
 
 def _run_id(parts: RunParts) -> str:
-    """The job's id (:func:`paratrain.job_id.job_id`), decided by rank 0."""
+    """The job's id (:func:`paratrain.distributed.job_id.job_id`), decided by rank 0."""
     ids: list[Any] = [job_id(parts.env, parts.layout.job) if parts.rank == 0 else None]
     if parts.world_size > 1 and dist.is_initialized():
         dist.broadcast_object_list(ids, src=0)

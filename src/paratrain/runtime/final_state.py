@@ -36,11 +36,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from paratrain.checkpoint.rng import capture_rng
-from paratrain.loop_state import LoopState
-from paratrain.precision import Precision
+from paratrain.runtime.loop_state import LoopState
+from paratrain.runtime.precision import Precision
+from paratrain.runtime.registry import Tracked
+from paratrain.runtime.rng import capture_rng
 from paratrain.trackers import STATE_NAME as TRACKER_STATE
-from paratrain.tracking import Tracked
 
 
 @dataclass(kw_only=True)
