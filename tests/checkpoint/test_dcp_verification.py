@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from torch.distributed.checkpoint.api import CheckpointException
 
 from paratrain.checkpoint.dcp_io import RecordingWriter, SafePlanner, SafeReader
-from paratrain.checkpoint.files import BLOCK_BYTES, BlockDigests
 from paratrain.checkpoint.manifest import Manifest
+from paratrain.checkpoint.verified_reads import BLOCK_BYTES, BlockDigests
 from paratrain.errors import CheckpointDamagedError
 from tests.support.distributed import run_distributed
 from tests.support.training import max_abs_diff, resume_saved, save_twice, saved_once

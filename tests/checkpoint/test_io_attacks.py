@@ -24,14 +24,14 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 import paratrain as pt
 from paratrain.checkpoint.dcp_io import RecordingWriter, SafePlanner, SafeReader
-from paratrain.checkpoint.files import (
+from paratrain.checkpoint.manifest import FileRecord, Manifest
+from paratrain.checkpoint.saved_tensor import saved_tensor
+from paratrain.checkpoint.verified_reads import (
     BlockDigests,
     blocks_problem,
     read_blocks_verified,
     read_verified,
 )
-from paratrain.checkpoint.manifest import FileRecord, Manifest
-from paratrain.checkpoint.saved_tensor import saved_tensor
 from paratrain.errors import CheckpointDamagedError, CheckpointError
 from tests.support.distributed import run_distributed
 from tests.support.saved import PLAIN_DTYPES, in_buffer, saved_bytes

@@ -17,9 +17,9 @@ from torch import nn
 
 import paratrain as pt
 from paratrain.checkpoint import store as store_module
-from paratrain.checkpoint.files import read_windows_verified
 from paratrain.checkpoint.manifest import Manifest
 from paratrain.checkpoint.state import ModuleLoader
+from paratrain.checkpoint.verified_reads import read_windows_verified
 from paratrain.errors import CheckpointDamagedError, CheckpointError
 from tests.support.training import resume_saved
 

@@ -48,10 +48,11 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.futures import Future
 
-from paratrain.checkpoint.files import BlockDigests, read_windows_verified, start_writeback
+from paratrain.checkpoint.durable_writes import start_writeback
 from paratrain.checkpoint.formats import MALFORMED, describe
 from paratrain.checkpoint.manifest import FileRecord
 from paratrain.checkpoint.saved_tensor import MemoryFile, saved_tensor
+from paratrain.checkpoint.verified_reads import BlockDigests, read_windows_verified
 from paratrain.errors import CheckpointDamagedError, CheckpointError
 
 # Exact (module, name) pairs: a prefix rule would let a pickle reach any attribute of those modules
@@ -359,7 +360,7 @@ class SafePlanner(DefaultLoadPlanner):
 class _HashedFile(io.RawIOBase):
     """A new file written front to back, hashed per block as it is written (no second pass).
 
-    Write-back of every 16 MiB starts at once (see :mod:`paratrain.checkpoint.files`).
+    Write-back of every 16 MiB starts at once (see :mod:`paratrain.checkpoint.durable_writes`).
     ``fileno()`` flushes first, so an ``os.fsync`` on it covers every byte written so far.
     """
 

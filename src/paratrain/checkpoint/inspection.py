@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from paratrain.checkpoint.files import atomic_replace, atomic_torch_save, write_safetensors
+from paratrain.checkpoint.durable_writes import atomic_replace, atomic_torch_save
 from paratrain.checkpoint.formats import FORMATS, describe
 from paratrain.checkpoint.loading import (
     WRAPPER_PARTS,
@@ -32,6 +32,7 @@ from paratrain.checkpoint.loading import (
 )
 from paratrain.checkpoint.manifest import MANIFEST, Manifest
 from paratrain.checkpoint.object_storage import RemoteFolder, fetched, is_url, relabel
+from paratrain.checkpoint.safetensors_io import write_safetensors
 from paratrain.checkpoint.store import PREFIX, load_trainer
 from paratrain.errors import CheckpointError
 from paratrain.paths import check_new, existing

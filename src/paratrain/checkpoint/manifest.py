@@ -17,7 +17,7 @@ from pathlib import Path, PurePosixPath
 import torch
 import xxhash
 
-from paratrain.checkpoint.files import (
+from paratrain.checkpoint.verified_reads import (
     blocks_problem,
     file_problem,
     read_blocks_verified,

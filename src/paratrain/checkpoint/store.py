@@ -47,20 +47,7 @@ from torch.optim import Optimizer
 from paratrain import faults
 from paratrain.checkpoint import state as st
 from paratrain.checkpoint.dcp_io import RecordingWriter, SafePlanner, SafeReader, read_metadata
-from paratrain.checkpoint.files import (
-    BLOCK_BYTES,
-    WINDOW_BYTES,
-    StoredTensor,
-    checksum_file,
-    fsync_dir,
-    in_parallel,
-    read_windows_verified,
-    safetensors_chunks,
-    safetensors_entries,
-    safetensors_header_bytes,
-    tensors_from_safetensors,
-    write_files_blocked,
-)
+from paratrain.checkpoint.durable_writes import fsync_dir, in_parallel, write_files_blocked
 from paratrain.checkpoint.formats import describe
 from paratrain.checkpoint.manifest import (
     MANIFEST,
@@ -68,6 +55,19 @@ from paratrain.checkpoint.manifest import (
     FileRecord,
     Manifest,
     manifest_checksum,
+)
+from paratrain.checkpoint.safetensors_io import (
+    StoredTensor,
+    safetensors_chunks,
+    safetensors_entries,
+    safetensors_header_bytes,
+    tensors_from_safetensors,
+)
+from paratrain.checkpoint.verified_reads import (
+    BLOCK_BYTES,
+    WINDOW_BYTES,
+    checksum_file,
+    read_windows_verified,
 )
 from paratrain.errors import CheckpointDamagedError, CheckpointError
 

@@ -36,7 +36,7 @@ from paratrain.runtime.accumulation import Windows
 from paratrain.runtime.console import Console
 from paratrain.runtime.loop_state import LoopState
 from paratrain.runtime.precision import Precision
-from paratrain.runtime.registry import Tracked
+from paratrain.runtime.registry import Registry
 from paratrain.runtime.run_dir import RunDir
 from paratrain.strategies import Strategy
 
@@ -52,7 +52,7 @@ class RunParts:
     strategy: Strategy
     rank: int
     world_size: int
-    tracked: Tracked
+    tracked: Registry
     loop: LoopState
     precision: Precision
     windows: Windows

@@ -38,7 +38,7 @@ from torch import nn
 
 from paratrain.runtime.loop_state import LoopState
 from paratrain.runtime.precision import Precision
-from paratrain.runtime.registry import Tracked
+from paratrain.runtime.registry import Registry
 from paratrain.runtime.rng import capture_rng
 from paratrain.trackers import STATE_NAME as TRACKER_STATE
 
@@ -47,7 +47,7 @@ from paratrain.trackers import STATE_NAME as TRACKER_STATE
 class Pieces:
     """What a final state is made of, handed over explicitly."""
 
-    tracked: Tracked
+    tracked: Registry
     loop: LoopState
     precision: Precision
     unwrap: Callable[[nn.Module], nn.Module]

@@ -26,7 +26,7 @@ from paratrain.runtime.accumulation import Windows
 from paratrain.runtime.checkpoints import RunCheckpoints
 from paratrain.runtime.console import Console
 from paratrain.runtime.loop_state import LoopState
-from paratrain.runtime.registry import Tracked
+from paratrain.runtime.registry import Registry
 from paratrain.runtime.seeding import seed_rank_stream
 from paratrain.runtime.stats import StatsWriter
 from paratrain.strategies import Strategy
@@ -38,7 +38,7 @@ class _RunParts(Protocol):
     config: RunConfig
     console: Console
     strategy: Strategy
-    tracked: Tracked
+    tracked: Registry
     loop: LoopState
     _windows: Windows
     _watchdog: Watchdog | None

@@ -1,4 +1,4 @@
-"""Tracked objects per rank: gathered at a save, each rank's state restored to the same rank.
+"""Registry objects per rank: gathered at a save, each rank's state restored to the same rank.
 
     trainer.update(objects_of_every_rank(tracked))    # collective, inside a save
     restore = per_rank_restorer(tracked, "hidden", states, rank)   # rank None: another layout
@@ -23,10 +23,10 @@ from torch.utils._pytree import tree_map_only
 from paratrain.checkpoint.plain_data import plain
 from paratrain.checkpoint.store import distributed
 from paratrain.errors import CheckpointError
-from paratrain.runtime.registry import Tracked
+from paratrain.runtime.registry import Registry
 
 
-def objects_of_every_rank(tracked: Tracked) -> dict[str, Any]:
+def objects_of_every_rank(tracked: Registry) -> dict[str, Any]:
     """``{"objects": {name: state}, "objects_per_rank": {name: [state of rank 0, 1, ...]}}``.
 
     A state equal on every rank (compared by digest; one tiny all-gather) is kept once under
@@ -59,7 +59,7 @@ def _digest(state: Any) -> str:
 
 
 def per_rank_restorer(
-    tracked: Tracked, name: str, states: list[Any], rank: int | None
+    tracked: Registry, name: str, states: list[Any], rank: int | None
 ) -> Callable[[Any], None]:
     """Apply this rank's saved state of ``name`` (``rank`` None: saved at another layout)."""
 

@@ -1,6 +1,6 @@
 """Everything a checkpoint holds, registered once, by name.
 
-    tracked = Tracked()
+    tracked = Registry()
     tracked.add_unit(model, [opt_g], name="model")   # run.setup
     tracked.add_scheduler(sched)            # run.setup(scheduler=), run.step, run.resume
     tracked.add_object(ema, "ema")          # run.track (per rank unless replicated=True)
@@ -8,7 +8,7 @@
 
 Registration is idempotent (the same object twice keeps its first name). A resumed checkpoint may
 hold state for something the script registers only later (a scheduler first passed to
-``run.step``, a loader made after ``run.resume``): that state waits in :attr:`Tracked.pending`
+``run.step``, a loader made after ``run.resume``): that state waits in :attr:`Registry.pending`
 and is applied at registration, so nothing in a checkpoint is lost because of the order in which
 a script does things.
 """
@@ -38,7 +38,7 @@ class Unit:
     optimizers: list[Optimizer] = field(default_factory=list)
 
 
-class Tracked:
+class Registry:
     """The registry of a run's stateful pieces."""
 
     def __init__(self) -> None:

@@ -51,8 +51,8 @@ from paratrain.runtime.model_setup import (
     prepare_model,
     rebind_optimizer,
 )
-from paratrain.runtime.registry import Tracked, Unit
-from paratrain.runtime.run_base import Job
+from paratrain.runtime.registry import Registry, Unit
+from paratrain.runtime.run_base import RunBase
 from paratrain.runtime.save_restore import CheckpointInfo
 from paratrain.runtime.seeding import rank_seed, seed_everything
 from paratrain.runtime.stats import StatsWriter
@@ -62,7 +62,7 @@ from paratrain.trackers import STATE_NAME as TRACKER_STATE
 T = TypeVar("T")
 
 
-class Run(Job):
+class Run(RunBase):
     """A training run on this process's share of the job. See the module docstring for a loop.
 
     Attributes: ``config``, ``topology``, ``strategy``, ``device``, ``rank``, ``local_rank``,
@@ -83,7 +83,7 @@ class Run(Job):
         seed_everything(self.config.seed)
         self.loop = LoopState(grad_accum=self.config.grad_accum)
         """Epoch, step and grad_accum (saved by every checkpoint)."""
-        self.tracked = Tracked()
+        self.tracked = Registry()
         """Everything a checkpoint holds (models, optimizers, schedulers, loaders, objects)."""
         # The tracker runs' ids (rank 0 opens them): rank 0's serves every rank.
         self.tracked.add_object(self.console.trackers, TRACKER_STATE, replicated=True)

@@ -1,6 +1,6 @@
-"""``Job``: this process's place in the job, and what it does with the other ranks.
+"""``RunBase``: this process's place in the job, and what it does with the other ranks.
 
-    job = Job(strategy="ddp", timeout_s=300)     # settings as for paratrain.Run
+    job = RunBase(strategy="ddp", timeout_s=300)  # settings as for paratrain.Run
     job.rank, job.world_size, job.device, job.run_dir
     job.print("only rank 0 prints"); job.log({"loss": 0.3}, step=10)
     total = job.reduce(correct, "sum"); job.barrier("after-eval")
@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from paratrain.checkpoint.files import atomic_torch_save
+from paratrain.checkpoint.durable_writes import atomic_torch_save
 from paratrain.checkpoint.object_storage import is_url, redacted
 from paratrain.config import RunConfig, make_config
 from paratrain.distributed import collectives
@@ -49,7 +49,7 @@ from paratrain.version import __version__
 Number = TypeVar("Number", int, float, torch.Tensor)
 
 
-class Job:
+class RunBase:
     """Process group, strategy, precision, console and watchdog of one process of a job."""
 
     def __init__(self, config: RunConfig | None = None, /, **settings: Any) -> None:
@@ -285,7 +285,7 @@ class Job:
     def _before_close(self) -> None:
         """What a subclass must finish before the group goes (an asynchronous save)."""
 
-    def __enter__(self) -> Job:
+    def __enter__(self) -> RunBase:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -40,7 +40,7 @@ from paratrain.errors import CheckpointDamagedError, CheckpointError, ConfigErro
 from paratrain.runtime.loop_state import LoopState, loop_to_save
 from paratrain.runtime.per_rank import objects_of_every_rank, per_rank_restorer
 from paratrain.runtime.precision import Precision
-from paratrain.runtime.registry import Tracked, Unit
+from paratrain.runtime.registry import Registry, Unit
 from paratrain.runtime.rng import capture_rng, reseed_rng, restore_rng
 from paratrain.version import __version__
 
@@ -72,7 +72,7 @@ class Layout:
 class Pieces:
     """Everything a checkpoint holds, handed over explicitly."""
 
-    tracked: Tracked
+    tracked: Registry
     loop: LoopState
     precision: Precision
     layout: Layout
@@ -331,7 +331,7 @@ def _with_streams(
     return {**state, "streams": [s.get(name) for s in streams], **mine}
 
 
-def _apply_or_defer(tracked: Tracked, kind: str, name: str, obj: Any, state: Any) -> None:
+def _apply_or_defer(tracked: Registry, kind: str, name: str, obj: Any, state: Any) -> None:
     if obj is not None:
         obj.load_state_dict(state)
     else:

@@ -1,74 +1,41 @@
-"""Durable file writes and verified reads: fsync, atomic commit by rename, checksums,
-zero-copy safetensors.
+"""Checksums and verified reads: each file (or each 4 MiB block of it) is read and hashed in one
+pass, by several threads, and refused when it does not match its record.
 
-    digest, size = write_safetensors(path, {"w": tensor})   # fsynced, with its xxh3_64
-    records = write_files_durable({a: chunks_a, b: chunks_b})  # several files, several threads
-    checksum_file(path, "xxh3_64")                           # the same value, read back
-    buffer = read_verified(path, "xxh3_64", digest, size)    # one pass: read and check together
-    atomic_torch_save(obj, path)                             # temp file, fsync, rename, fsync dir
+    digest = checksum_file(path, "xxh3_64")
+    buffer = read_verified(path, "xxh3_64", digest, size)    # read and check together
+    for window, offset, blocks in read_windows_verified(path, size, block_bytes, digests, ranges):
+        ...                                                    # a reused buffer, checked again
 
 New checkpoints use xxHash's XXH3-64 (``xxhash``, over 10 GB/s per core); checkpoints of
-format 2 carry zlib CRC32 and are still read. Writing hashes while the kernel flushes the file,
-reading hashes each block while the next one is read, so checks cost almost nothing on top of
-the I/O itself. Writes start each block's write-back at once and several threads write and
-read, so a checkpoint moves at the disk's speed rather than one thread's copy speed.
+format 2 carry zlib CRC32 and are still read. Reading hashes each block while the next one is
+read, so checks cost almost nothing on top of the I/O itself.
 """
 
 from __future__ import annotations
 
-import ctypes
-import functools
-import io
-import json
 import os
-import queue
-import sys
-import tempfile
 import threading
 import zlib
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 import torch
 import xxhash
 
-from paratrain.errors import CheckpointDamagedError, CheckpointError
+from paratrain.errors import CheckpointDamagedError
 
-_Sum = TypeVar("_Sum")
 _CHUNK = 64 * 2**20
+
+
 _READ_BLOCK = 8 * 2**20  # small enough to stay in cache between reading and hashing
+
+
 READ_THREADS = 4
 """Threads reading one checkpoint file (measured by benchmarks/checkpoint_io.py)."""
+
+
 _BLOCKS_PER_READER = 4  # a file shorter than this many blocks per thread uses fewer threads
-_ST_DTYPES = {
-    torch.float64: "F64",
-    torch.float32: "F32",
-    torch.float16: "F16",
-    torch.bfloat16: "BF16",
-    torch.int64: "I64",
-    torch.int32: "I32",
-    torch.int16: "I16",
-    torch.int8: "I8",
-    torch.uint8: "U8",
-    torch.bool: "BOOL",
-    torch.uint16: "U16",
-    torch.uint32: "U32",
-    torch.uint64: "U64",
-    torch.float8_e4m3fn: "F8_E4M3",
-    torch.float8_e5m2: "F8_E5M2",
-    torch.complex64: "C64",
-}
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a rename or a new file inside ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 CHECKSUM = "xxh3_64"
@@ -446,296 +413,3 @@ def blocks_problem(path: Path, size: int, block_bytes: int, digests: list[int]) 
     except ValueError:  # zip(strict=True): a count that does not match the size
         return f"{path.name} lists {len(digests)} block checksums, not one per {block_bytes} bytes"
     return None
-
-
-WRITE_THREADS = 4
-"""Threads writing a checkpoint's files (measured by benchmarks/checkpoint_io.py)."""
-_WRITE_BLOCK = 16 * 2**20
-
-
-def _writeback_starter() -> Callable[[int, int, int], object] | None:
-    """Linux ``sync_file_range(fd, offset, n, SYNC_FILE_RANGE_WRITE)``, or None elsewhere.
-
-    Starting the write-back of each block as soon as it is written lets the disk work while the
-    next blocks are copied into the page cache; the final fsync then waits for little.
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        call = libc.sync_file_range
-    except (OSError, AttributeError):
-        return None
-    call.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    call.restype = ctypes.c_int
-    write_flag = 2  # SYNC_FILE_RANGE_WRITE: start write-back, do not wait for it
-
-    def start(fd: int, offset: int, count: int) -> object:
-        return call(fd, offset, count, write_flag)  # a hint: a failure changes nothing
-
-    return start
-
-
-start_writeback = _writeback_starter()
-"""``start_writeback(fd, offset, count)`` on Linux, else None."""
-
-
-def write_files_durable(
-    files: Mapping[Path, list[memoryview]], *, threads: int = WRITE_THREADS
-) -> dict[Path, tuple[int, int]]:
-    """Write new files from their chunks, fsync them; return each one's (xxh3_64, bytes).
-
-    Blocks of all files are written by ``threads`` threads in file order (``os.pwrite``
-    releases the GIL) while this thread computes the checksums from the same memory, so
-    neither waits for the other. Each block's write-back starts at once (Linux), and the
-    closing fsyncs run in parallel. A file that already exists is an error (``FileExistsError``).
-    """
-    return _write_files(files, threads, checksum_chunks)
-
-
-def write_files_blocked(
-    files: Mapping[Path, list[memoryview]],
-    *,
-    block_bytes: int = BLOCK_BYTES,
-    threads: int = WRITE_THREADS,
-) -> dict[Path, tuple[list[int], int]]:
-    """:func:`write_files_durable` with one XXH3-64 per ``block_bytes`` of each file (read
-    back with :func:`read_windows_verified` or :func:`read_blocks_verified`)."""
-
-    def blocks(chunks: list[memoryview]) -> list[int]:
-        digests = BlockDigests(block_bytes)
-        for chunk in chunks:
-            digests.update(chunk.cast("B") if chunk.ndim != 1 or chunk.format != "B" else chunk)
-        return digests.digests()
-
-    return _write_files(files, threads, blocks)
-
-
-def _write_files(
-    files: Mapping[Path, list[memoryview]],
-    threads: int,
-    checksum: Callable[[list[memoryview]], _Sum],
-) -> dict[Path, tuple[_Sum, int]]:
-    fds: dict[Path, int] = {}
-    try:
-        for path in files:
-            fds[path] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        blocks = queue.SimpleQueue[tuple[int, int, memoryview] | None]()
-        for path, chunks in files.items():
-            offset = 0
-            for chunk in chunks:
-                flat = chunk.cast("B") if chunk.ndim != 1 or chunk.format != "B" else chunk
-                for start in range(0, flat.nbytes, _WRITE_BLOCK):
-                    piece = flat[start : start + _WRITE_BLOCK]
-                    blocks.put((fds[path], offset + start, piece))
-                offset += flat.nbytes
-        failures: list[BaseException] = []
-
-        def write() -> None:
-            while (item := blocks.get()) is not None:
-                if failures:
-                    continue
-                fd, offset, piece = item
-                try:
-                    done = 0
-                    while done < piece.nbytes:
-                        done += os.pwrite(fd, piece[done:], offset + done)
-                    if start_writeback is not None:
-                        start_writeback(fd, offset, piece.nbytes)
-                except BaseException as err:
-                    failures.append(err)
-
-        workers = [threading.Thread(target=write, daemon=True) for _ in range(max(1, threads))]
-        for worker in workers:
-            blocks.put(None)
-            worker.start()
-        digests = {path: (checksum(chunks), _nbytes(chunks)) for path, chunks in files.items()}
-        for worker in workers:
-            worker.join()
-        if failures:
-            raise failures[0]
-        in_parallel([functools.partial(os.fsync, fd) for fd in fds.values()])
-    finally:
-        for fd in fds.values():
-            os.close(fd)
-    return digests
-
-
-def in_parallel(calls: list[Callable[[], object]]) -> None:
-    """Run each call in a thread of its own (blocking system calls: fsync); re-raise the first
-    error once all have finished."""
-    failures: list[BaseException] = []
-
-    def run(call: Callable[[], object]) -> None:
-        try:
-            call()
-        except BaseException as err:
-            failures.append(err)
-
-    threads = [threading.Thread(target=run, args=(call,)) for call in calls]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if failures:
-        raise failures[0]
-
-
-def _nbytes(chunks: list[memoryview]) -> int:
-    return sum(chunk.nbytes for chunk in chunks)
-
-
-def write_durable(path: Path, chunks: list[memoryview]) -> tuple[int, int]:
-    """Write ``chunks`` to a new file and fsync it; return (xxh3_64 checksum, bytes)."""
-    return write_files_durable({path: chunks})[path]
-
-
-def write_bytes_durable(path: Path, data: bytes) -> tuple[int, int]:
-    """``write_durable`` for one bytes object."""
-    return write_durable(path, [memoryview(data)])
-
-
-def _tensor_bytes(tensor: torch.Tensor) -> memoryview:
-    flat = tensor.detach().cpu().contiguous().reshape(-1)
-    if flat.numel() == 0:
-        return memoryview(b"")
-    return flat.view(torch.uint8).numpy().data
-
-
-def write_safetensors(
-    path: Path, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None
-) -> tuple[int, int]:
-    """Write ``tensors`` in the safetensors format without an intermediate copy; fsynced."""
-    return write_durable(path, safetensors_chunks(tensors, metadata))
-
-
-def safetensors_chunks(
-    tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None
-) -> list[memoryview]:
-    """The bytes of a safetensors file of ``tensors``: its header, then views of the tensors."""
-    header: dict[str, object] = {}
-    views: list[memoryview] = []
-    offset = 0
-    for name, tensor in tensors.items():
-        if tensor.dtype not in _ST_DTYPES:
-            raise CheckpointError(
-                f"{name} is a {tensor.dtype} tensor, which the safetensors format cannot hold. "
-                f"Convert it (e.g. to {torch.float32}) before saving, or keep it out of the state."
-            )
-        view = _tensor_bytes(tensor)
-        header[name] = {
-            "dtype": _ST_DTYPES[tensor.dtype],
-            "shape": list(tensor.shape),
-            "data_offsets": [offset, offset + view.nbytes],
-        }
-        views.append(view)
-        offset += view.nbytes
-    if metadata:
-        header["__metadata__"] = dict(metadata)
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)  # the format aligns the data section to 8 bytes
-    return [memoryview(len(raw).to_bytes(8, "little") + raw), *views]
-
-
-_DTYPES_ST = {name: dtype for dtype, name in _ST_DTYPES.items()}
-
-
-def tensors_from_safetensors(buffer: torch.Tensor, name: str) -> dict[str, torch.Tensor]:
-    """The tensors of a safetensors file held in ``buffer`` (uint8), as views: no copy.
-
-    Every entry is checked against the buffer's bounds; a bad one raises CheckpointError.
-    """
-    data = buffer.numpy().data
-    header = data[8 : 8 + safetensors_header_bytes(data[:8], len(data), name)]
-    return {
-        entry.name: entry.view(buffer, 0) for entry in safetensors_entries(header, len(data), name)
-    }
-
-
-@dataclass(frozen=True)
-class StoredTensor:
-    """One tensor of a safetensors file: its bytes are ``start .. start + nbytes`` of the file."""
-
-    name: str
-    dtype: torch.dtype
-    shape: list[int]
-    start: int
-    nbytes: int
-
-    def view(self, buffer: torch.Tensor, base: int) -> torch.Tensor:
-        """The tensor, as a view of ``buffer`` (uint8) holding the file's bytes from ``base``."""
-        if not self.nbytes:
-            return torch.empty(self.shape, dtype=self.dtype)
-        at = self.start - base
-        return buffer[at : at + self.nbytes].view(self.dtype).reshape(self.shape)
-
-
-def safetensors_header_bytes(first: memoryview, size: int, name: str) -> int:
-    """The length of a safetensors header, from the file's first 8 bytes (CheckpointError when
-    it cannot be one)."""
-    if len(first) < 8:
-        raise CheckpointError(
-            f"{name} is not a readable safetensors file (shorter than its 8-byte header length)"
-        )
-    length = int.from_bytes(first[:8], "little")
-    if length > size - 8:
-        raise CheckpointError(
-            f"{name} is not a readable safetensors file (header of {length} bytes in a file of "
-            f"{size})"
-        )
-    return length
-
-
-def safetensors_entries(header: memoryview, size: int, name: str) -> list[StoredTensor]:
-    """The tensors listed by a safetensors ``header`` (the JSON after the length) of a file of
-    ``size`` bytes, in the header's order; every entry checked against the file's bounds."""
-    start = 8 + len(header)
-    out = []
-    try:
-        parsed = json.loads(bytes(header))
-        if not isinstance(parsed, dict):
-            raise ValueError("the header is not a JSON object")
-        for key, entry in parsed.items():
-            if key == "__metadata__":
-                continue
-            dtype = _DTYPES_ST[entry["dtype"]]
-            shape = [int(d) for d in entry["shape"]]
-            begin, end = (int(o) for o in entry["data_offsets"])
-            count = 1
-            for d in shape:
-                count *= d
-            if min(shape, default=0) < 0 or not 0 <= begin <= end <= size - start:
-                raise ValueError(f"{key} lies outside the file")
-            if end - begin != count * dtype.itemsize or (start + begin) % dtype.itemsize:
-                raise ValueError(f"{key} does not match its shape {shape}")
-            out.append(StoredTensor(key, dtype, shape, start + begin, end - begin))
-    except (ValueError, KeyError, TypeError, RuntimeError) as err:
-        raise CheckpointError(f"{name} is not a readable safetensors file ({err})") from None
-    return out
-
-
-def atomic_replace(path: Path, write: Callable[[Path], object]) -> None:
-    """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    tmp = Path(name)
-    try:
-        tmp.unlink()
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
-
-
-def atomic_torch_save(obj: object, path: Path) -> None:
-    """``torch.save`` that leaves either the old file or the complete new one, never half."""
-
-    def write(tmp: Path) -> None:
-        buffer = io.BytesIO()
-        torch.save(obj, buffer)
-        write_bytes_durable(tmp, buffer.getvalue())
-
-    atomic_replace(path, write)
