@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import paratrain as pt
+from paratrain.checkpoint import restore as restore_module
 from paratrain.checkpoint import store as store_module
 from paratrain.checkpoint.manifest import Manifest
 from paratrain.checkpoint.state import ModuleLoader
@@ -185,7 +186,7 @@ def test_a_model_with_buffers_tied_weights_and_root_parameters_resumes_window_by
         run.setup(model, opt)
         folder = run.save()
     assert folder is not None and Manifest.read(folder).files["model.safetensors"].blocks
-    monkeypatch.setattr(store_module, "WINDOW_BYTES", 64)  # one module per window
+    monkeypatch.setattr(restore_module, "WINDOW_BYTES", 64)  # one module per window
     loads = _count_loads(monkeypatch)
     fresh, fresh_opt = _trained(1)
     with pt.Run(progress=False, ckpt_dir=tmp_path, seed=0) as run:
@@ -249,7 +250,7 @@ def test_a_flipped_byte_in_the_model_file_falls_back_before_any_of_its_bytes_loa
 ) -> None:
     root = tmp_path / "ck"
     monkeypatch.setattr(store_module, "BLOCK_BYTES", 256)  # several blocks and windows
-    monkeypatch.setattr(store_module, "WINDOW_BYTES", 256)
+    monkeypatch.setattr(restore_module, "WINDOW_BYTES", 256)
     with pt.Run(progress=False, ckpt_dir=root, keep_last=None, seed=0) as run:
         model, _ = run.setup(*_trained(0))
         run.save()

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from paratrain.checkpoint.store import load_trainer
+from paratrain.checkpoint.restore import load_trainer
 from paratrain.trackers import STATE_NAME
 from tests.support.distributed import run_distributed
 from tests.trackers.records import mlflow_client, tensorboard_scalars

@@ -13,7 +13,7 @@ import pytest
 import torch.distributed as dist
 
 import paratrain as pt
-from paratrain.checkpoint.store import load_trainer
+from paratrain.checkpoint.restore import load_trainer
 from paratrain.errors import ConfigError, EnvironmentMismatchError
 from paratrain.runtime.run_dir import RunDir
 from paratrain.trackers import STATE_NAME, Trackers, open_trackers, selected

@@ -32,8 +32,9 @@ from paratrain.checkpoint.loading import (
 )
 from paratrain.checkpoint.manifest import MANIFEST, Manifest
 from paratrain.checkpoint.object_storage import RemoteFolder, fetched, is_url, relabel
+from paratrain.checkpoint.restore import load_trainer
 from paratrain.checkpoint.safetensors_io import write_safetensors
-from paratrain.checkpoint.store import PREFIX, load_trainer
+from paratrain.checkpoint.store import PREFIX
 from paratrain.errors import CheckpointError
 from paratrain.paths import check_new, existing
 

@@ -45,7 +45,8 @@ from paratrain.checkpoint.manifest import (
     manifest_checksum,
 )
 from paratrain.checkpoint.object_storage import Entry, RemoteFolder, is_url
-from paratrain.checkpoint.store import PREFIX, CheckpointStore, Staged, distributed
+from paratrain.checkpoint.restore import Staged
+from paratrain.checkpoint.store import PREFIX, CheckpointStore, distributed
 from paratrain.errors import (
     CheckpointDamagedError,
     CheckpointError,

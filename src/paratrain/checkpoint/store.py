@@ -1,10 +1,10 @@
-"""Checkpoint folders on disk: crash-safe commit, verification, rotation, and loading.
+"""Checkpoint folders on disk: crash-safe commit, verification, rotation.
 
     store = CheckpointStore(Path("runs/exp/checkpoints"), keep_last=3)
     store.save(request)              # collective; new temp folder -> fsync -> manifest -> rename
     found = store.latest_valid()     # newest save whose manifest and checksums verify
-    trainer = load_trainer(folder)
-    store.load_unit(folder, "model", target, [optimizer], sharded=False, trainer=trainer)
+    staged = store.read(folder, manifest)          # every file verified once
+    load_unit(staged, "model", target, [optimizer], trainer=staged.trainer())  # restore.py
 
 Layout of ``step-00000120/``: per model, ``model.safetensors`` and ``optimizer.safetensors`` (the
 model named ``model``; another model ``G`` has ``model.G.safetensors`` and
@@ -24,12 +24,10 @@ import datetime
 import functools
 import io
 import os
-import re
 import shutil
 import threading
 import time
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,17 +36,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.optim import Optimizer
 
 from paratrain import faults
 from paratrain.checkpoint import state as st
-from paratrain.checkpoint.dcp_io import RecordingWriter, SafePlanner, SafeReader, read_metadata
+from paratrain.checkpoint.dcp_io import RecordingWriter
 from paratrain.checkpoint.durable_writes import fsync_dir, in_parallel, write_files_blocked
-from paratrain.checkpoint.formats import describe
 from paratrain.checkpoint.manifest import (
     MANIFEST,
     MANIFEST_CHECKSUM,
@@ -56,20 +51,15 @@ from paratrain.checkpoint.manifest import (
     Manifest,
     manifest_checksum,
 )
+from paratrain.checkpoint.restore import Staged, read_checkpoint, stems
 from paratrain.checkpoint.safetensors_io import (
-    StoredTensor,
     safetensors_chunks,
-    safetensors_entries,
-    safetensors_header_bytes,
-    tensors_from_safetensors,
 )
 from paratrain.checkpoint.verified_reads import (
     BLOCK_BYTES,
-    WINDOW_BYTES,
     checksum_file,
-    read_windows_verified,
 )
-from paratrain.errors import CheckpointDamagedError, CheckpointError
+from paratrain.errors import CheckpointError
 
 PREFIX = "step-"
 
@@ -93,21 +83,6 @@ class SaveRequest:
 class _Pending:
     thread: threading.Thread | None = None
     error: list[BaseException] = field(default_factory=list)
-
-
-def _flat_optimizer(folder: Path, optim_stem: str) -> bool:
-    """True when the DCP checkpoint in ``folder`` keys optimizer settings by parameter name
-    (a pipeline wrote it) rather than by group (``<stem>.param_groups.<i>.params`` lists)."""
-    grouped = re.compile(rf"{re.escape(optim_stem)}\.param_groups\.\d+\.params")
-    keys = read_metadata(folder / "dcp").state_dict_metadata
-    return not any(grouped.fullmatch(key) for key in keys)
-
-
-def stems(name: str) -> tuple[str, str]:
-    """(model file stem, optimizer file stem) of the model called ``name``."""
-    if name == "model":
-        return "model", "optimizer"
-    return f"model.{name}", f"optimizer.{name}"
 
 
 def distributed() -> bool:
@@ -482,133 +457,8 @@ class CheckpointStore:
 
     @staticmethod
     def read(folder: Path, manifest: Manifest) -> Staged:
-        """Every file of a checkpoint read once and checked against the manifest.
-
-        Optimizer and trainer files come back as buffers to load from (the optimizer keeps views
-        of them). A model's safetensors file checked per block is read and verified through a
-        small reused buffer here, and copied into the model by :meth:`load_unit` in a second
-        pass over the page cache: no fresh copy of the weights, and a damaged file is found
-        before any of its bytes reach the model. A DCP folder's shards are only checked for
-        presence and size here: each rank reads only its part of them, verified as DCP loads
-        it (see SafeReader). Raises CheckpointDamagedError for a damaged file.
-        """
-        whole, checked = [], []
-        for name, record in manifest.files.items():
-            if name.startswith("dcp/") and name != "dcp/.metadata":
-                problem = _size_problem(folder / name, record.bytes)
-                if problem:
-                    raise CheckpointDamagedError(problem)
-            elif _model_in_windows(name, record):
-                checked.append(name)
-            else:
-                whole.append(name)
-        # All files at once: on a cold cache the disk then has several files' reads queued.
-        with ThreadPoolExecutor(max(1, min(4, len(whole) + len(checked)))) as pool:
-            verified = [
-                pool.submit(_verify, folder / name, manifest.files[name]) for name in checked
-            ]
-            read = pool.map(lambda name: manifest.files[name].read(folder / name), whole)
-            buffers = dict(zip(whole, read, strict=True))
-            for future in verified:
-                future.result()
-        return Staged(folder, manifest, buffers)
-
-    def load_unit(
-        self,
-        staged: Staged,
-        name: str,
-        target: nn.Module,
-        optimizers: list[Optimizer],
-        *,
-        trainer: dict[str, Any],
-        partial: bool = False,
-    ) -> None:
-        """Restore the model saved as ``name`` (and its optimizers) from a read checkpoint.
-        ``partial``: ``target`` holds some of the saved model's layers (pipeline stages)."""
-        folder = staged.folder
-        model_stem, optim_stem = stems(name)
-        if (folder / "dcp").is_dir():
-            flat = _flat_optimizer(folder, optim_stem)
-            model_sd, optim_sd = st.collect(target, optimizers, full=False, flat=flat)
-            state: dict[str, Any] = {model_stem: model_sd}
-            if optim_sd:
-                state[optim_stem] = optim_sd
-            records = {
-                name[len("dcp/") :]: record
-                for name, record in staged.manifest.files.items()
-                if name.startswith("dcp/")
-            }
-            reader = SafeReader(str(folder / "dcp"), records)
-            try:
-                with warnings.catch_warnings():  # one process reading shards is intended
-                    warnings.filterwarnings("ignore", "torch.distributed is disabled")
-                    dcp_load(state, storage_reader=reader, planner=SafePlanner())
-            except CheckpointException as err:
-                raise _dcp_failure(folder, err) from None
-            optim_state = state.get(optim_stem, {})
-            st.apply(target, optimizers, state[model_stem], optim_state, full=False, flat=flat)
-            return
-        model_file = f"{model_stem}.safetensors"
-        record = staged.manifest.files.get(model_file)
-        loader = None
-        if record is not None and _model_in_windows(model_file, record):
-            loader = st.ModuleLoader.of(target, partial=partial)  # None: torch loads it whole
-        whole_model = staged.tensors(model_file) if loader is None else None
-        metas = trainer["optimizer_meta"]
-        meta = metas if "param_groups" in metas else metas[name]  # format 1: one optimizer
-        optim_sd = st.unflatten_optimizer(staged.tensors(f"{optim_stem}.safetensors"), meta)
-        if partial:
-            whole_model, optim_sd = st.part_of(target, whole_model, optim_sd)
-        if loader is not None:
-            assert record is not None
-            _load_model_in_windows(folder / model_file, record, loader)
-        st.apply(target, optimizers, whole_model, optim_sd, full=True)
-
-
-@dataclass
-class Staged:
-    """A checkpoint whose files were read once and verified (see :meth:`CheckpointStore.read`).
-
-    The optimizer state it hands out are views of its buffers, kept by the optimizer: no copy.
-    Each view keeps its whole file's buffer alive (until the optimizer's state is replaced), and
-    ``torch.save`` of one such tensor alone writes that buffer: ``.clone()`` it first.
-    """
-
-    folder: Path
-    manifest: Manifest
-    buffers: dict[str, torch.Tensor]
-    """Replicated files' bytes; a DCP folder's shards are verified as DCP reads them."""
-
-    def tensors(self, name: str) -> dict[str, torch.Tensor]:
-        """The tensors of the safetensors file ``name`` (read whole and verified now if it was
-        only checked, to be copied into the model in windows)."""
-        if name not in self.buffers:
-            record = self.manifest.files.get(name)
-            if record is None:
-                raise CheckpointError(f"{self.folder} has no {name}: the checkpoint is incomplete.")
-            self.buffers[name] = record.read(self.folder / name)
-        return tensors_from_safetensors(self.buffers[name], name)
-
-    def trainer(self) -> dict[str, Any]:
-        """``trainer.pt``, loaded with ``weights_only=True``."""
-        raw = self.buffers.get("trainer.pt")
-        source: Any = io.BytesIO(raw.numpy().tobytes()) if raw is not None else None
-        return load_trainer(self.folder, source)
-
-
-def load_trainer(folder: Path, source: Any = None) -> dict[str, Any]:
-    """``trainer.pt`` of a checkpoint (or ``source``, its bytes), with ``weights_only=True``."""
-    try:
-        data: dict[str, Any] = torch.load(
-            folder / "trainer.pt" if source is None else source, weights_only=True
-        )
-    except Exception as err:
-        raise CheckpointError(
-            f"{folder / 'trainer.pt'} cannot be loaded safely ({err}). If it holds extras of "
-            "your own classes, load them yourself with torch.load(..., weights_only=False) "
-            "only if you trust the file."
-        ) from None
-    return data
+        """Every file of a checkpoint read once and checked (:func:`restore.read_checkpoint`)."""
+        return read_checkpoint(folder, manifest)
 
 
 def _records_of(folder: Path, known: dict[str, FileRecord]) -> dict[str, FileRecord]:
@@ -621,81 +471,6 @@ def _records_of(folder: Path, known: dict[str, FileRecord]) -> dict[str, FileRec
         for name, path in found.items()
     }
     return dict(sorted({**known, **records}.items()))
-
-
-def _model_in_windows(name: str, record: FileRecord) -> bool:
-    """Whether a checkpoint file is a model's weights checked per block (copied into the model
-    window by window by :func:`_load_model_in_windows`)."""
-    return record.blocks is not None and name.startswith("model") and name.endswith(".safetensors")
-
-
-def _verify(path: Path, record: FileRecord) -> None:
-    """Read ``path`` once through a small buffer and check every block (CheckpointDamagedError)."""
-    assert record.blocks is not None and record.block_bytes is not None
-    size, window = record.bytes, WINDOW_BYTES
-    pieces = [(start, min(window, size - start)) for start in range(0, size, window)]
-    for _ in read_windows_verified(
-        path, size, record.block_bytes, record.blocks, pieces, window_bytes=window
-    ):
-        pass
-
-
-def _load_model_in_windows(path: Path, record: FileRecord, loader: st.ModuleLoader) -> None:
-    """Copy a model's safetensors file (verified by :meth:`CheckpointStore.read`) into the
-    model window by window: each window of the file is read into one reused buffer, its blocks
-    checked again, and copied into the model's tensors, so no second copy of the weights is
-    made in fresh memory. Names and shapes are checked before the first byte is loaded."""
-    assert record.blocks is not None and record.block_bytes is not None
-
-    def windows(
-        ranges: list[tuple[int, int]], window: int = WINDOW_BYTES
-    ) -> Iterator[tuple[torch.Tensor, int, list[int]]]:
-        assert record.blocks is not None and record.block_bytes is not None
-        return read_windows_verified(
-            path,
-            record.bytes,
-            record.block_bytes,
-            record.blocks,
-            ranges,
-            window_bytes=window,
-        )
-
-    first, _, _ = next(iter(windows([(0, 8)])))
-    length = safetensors_header_bytes(first.numpy().data, record.bytes, path.name)
-    header = first if 8 + length <= first.numel() else next(iter(windows([(0, 8 + length)])))[0]
-    entries = safetensors_entries(header.numpy().data[8 : 8 + length], record.bytes, path.name)
-    loader.check({e.name: e.shape for e in entries})
-    entries = [e for e in entries if loader.keeps(e.name)]  # a pipeline stage's own
-    modules: dict[str, list[StoredTensor]] = {}  # a module's tensors load together (its hooks)
-    for entry in entries:
-        modules.setdefault(entry.name.rpartition(".")[0], []).append(entry)
-    groups = list(modules.values())
-    spans = [
-        (min(e.start for e in g), max(e.start + e.nbytes for e in g) - min(e.start for e in g))
-        for g in groups
-    ]
-    window = max(WINDOW_BYTES, record.bytes // 64)  # a few dozen loads for a large model
-    for buffer, base, members in windows(spans, window):
-        loader.load({e.name: e.view(buffer, base) for i in members for e in groups[i]})
-
-
-def _size_problem(path: Path, size: int) -> str | None:
-    try:
-        actual = path.stat().st_size
-    except OSError as err:
-        return f"{path.name} cannot be read ({err.strerror or err})"
-    return None if actual == size else f"{path.name} has {actual} bytes, expected {size}"
-
-
-def _dcp_failure(folder: Path, err: CheckpointException) -> CheckpointError:
-    """The error to raise for a failed DCP load (on every rank alike: DCP gathers failures)."""
-    causes = [exc for exc, _ in err.failures.values()]
-    for kind in (CheckpointDamagedError, CheckpointError):
-        ours = [exc for exc in causes if isinstance(exc, kind)]
-        if ours:
-            return kind(f"{folder}: {ours[0]}")
-    detail = "; ".join(describe(exc) for exc in causes)
-    return CheckpointDamagedError(f"{folder}/dcp could not be read ({detail})")
 
 
 STAGE_THREADS = min(4, os.cpu_count() or 1)

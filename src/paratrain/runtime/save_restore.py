@@ -28,13 +28,8 @@ import torch.distributed as dist
 
 from paratrain.checkpoint.manifest import Manifest
 from paratrain.checkpoint.plain_data import plain
-from paratrain.checkpoint.store import (
-    CheckpointStore,
-    SaveRequest,
-    Staged,
-    distributed,
-    load_trainer,
-)
+from paratrain.checkpoint.restore import Staged, load_trainer, load_unit
+from paratrain.checkpoint.store import CheckpointStore, SaveRequest, distributed
 from paratrain.data.loader import DeviceLoader
 from paratrain.errors import CheckpointDamagedError, CheckpointError, ConfigError
 from paratrain.runtime.loop_state import LoopState, loop_to_save
@@ -260,7 +255,7 @@ def _restore_units(
     def restore(name: str) -> Any:
         def apply(unit: Unit) -> None:
             target = pieces.layout.unwrap(unit.module)
-            store.load_unit(
+            load_unit(
                 staged,
                 name,
                 target,

@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from paratrain.checkpoint.store import CheckpointStore, load_trainer
+from paratrain.checkpoint.restore import load_trainer
+from paratrain.checkpoint.store import CheckpointStore
 from paratrain.errors import CheckpointError
 from paratrain.verify.runs import RunFiles, RunResult, reported_dirs
 
