@@ -2,8 +2,7 @@
 
     ckpts = RunCheckpoints(parts)      # made by Run
     ckpts.save(extras={"best": 0.9})   # collective
-    ckpts.resume(keep_global_batch=False)
-    ckpts.resume_if_restarted()        # after a torchrun restart: once, at the first loop action
+    ckpts.resume(keep_global_batch=False)   # called by LoopHooks.resume, the one path to it
 
 What a checkpoint holds and how it is written is :mod:`paratrain.runtime.save_restore`; this module
 decides *when* (explicitly, or on its own after a restart), refuses saves that would lose state,
@@ -23,7 +22,6 @@ from typing import Any
 import torch.distributed as dist
 
 from paratrain import faults
-from paratrain.checkpoint.object_storage import is_url
 from paratrain.checkpoint.remote_store import RemoteStore, open_store
 from paratrain.checkpoint.store import CheckpointStore
 from paratrain.config import RunConfig
@@ -88,10 +86,7 @@ class RunCheckpoints:
     @property
     def location(self) -> str | Path:
         """``ckpt_dir`` (a folder or a URL), default ``run_dir/checkpoints``."""
-        ckpt_dir = self.parts.config.ckpt_dir
-        if not ckpt_dir:
-            return self.parts.layout.checkpoints
-        return ckpt_dir if is_url(ckpt_dir) else Path(ckpt_dir)
+        return self.parts.layout.checkpoints_at(self.parts.config.ckpt_dir)
 
     @property
     def store(self) -> CheckpointStore:
@@ -153,12 +148,6 @@ class RunCheckpoints:
         self.last_extras = dict(extras or {})
         faults.emit("saved")
         return folder
-
-    def resume_if_restarted(self) -> checkpoints.Resumed | None:
-        """After a torchrun restart, resume once, as soon as a model is set up."""
-        if self.auto_resume and self.parts.tracked.units:
-            return self.resume(keep_global_batch=False)
-        return None
 
     def resume(self, *, keep_global_batch: bool) -> checkpoints.Resumed | None:
         """Restore the newest valid checkpoint into the registered pieces (collective)."""

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch import nn
 
 from paratrain.checkpoint.durable_writes import atomic_torch_save
-from paratrain.checkpoint.object_storage import is_url, redacted
+from paratrain.checkpoint.object_storage import redacted
 from paratrain.config import RunConfig, make_config
 from paratrain.distributed import collectives
 from paratrain.distributed.environment import LaunchEnv
@@ -100,9 +100,7 @@ class RunBase:
             self._env.write_report(
                 {
                     "run_dir": str(self.layout.root.resolve()),
-                    "ckpt_dir": self.config.ckpt_dir
-                    if is_url(self.config.ckpt_dir)
-                    else str(Path(self.config.ckpt_dir or self.layout.checkpoints).resolve()),
+                    "ckpt_dir": _shown(self.layout.checkpoints_at(self.config.ckpt_dir)),
                     "world_size": self.topology.world_size,
                 }
             )
@@ -308,3 +306,8 @@ def _plain(value: Any, depth: int = 0) -> Any:
     if depth < 16 and isinstance(value, (list, tuple, set, frozenset)):
         return [_plain(v, depth + 1) for v in value]
     return repr(value)
+
+
+def _shown(location: str | Path) -> str:
+    """A checkpoint location as written in the launcher report: a URL, or an absolute path."""
+    return location if isinstance(location, str) else str(location.resolve())

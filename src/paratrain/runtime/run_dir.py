@@ -24,6 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from paratrain.checkpoint.object_storage import is_url
+
 
 @dataclass(frozen=True, slots=True)
 class RunDir:
@@ -39,6 +41,13 @@ class RunDir:
     def checkpoints(self) -> Path:
         """Default checkpoint directory (``ckpt_dir`` overrides it)."""
         return self.root / "checkpoints"
+
+    def checkpoints_at(self, ckpt_dir: str | Path | None) -> str | Path:
+        """Where this run's checkpoints go: ``ckpt_dir`` (a folder or a URL), else
+        :attr:`checkpoints`. The one place that rule is written."""
+        if not ckpt_dir:
+            return self.checkpoints
+        return ckpt_dir if is_url(ckpt_dir) else Path(ckpt_dir)
 
     @property
     def ckpt_staging(self) -> Path:
