@@ -23,7 +23,7 @@ from paratrain.errors import ConfigError, ParatrainError
 from paratrain.launcher.plan import RunOptions, make_plan
 from paratrain.launcher.preflight import preflight
 from paratrain.paths import check_creatable, make_folder
-from paratrain.runtime.run_dir import RunDir
+from paratrain.run_dir import RunDir
 
 TARGET_ACCURACY = 0.95
 

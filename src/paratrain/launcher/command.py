@@ -30,7 +30,7 @@ from paratrain.distributed.watchdog import diagnose
 from paratrain.errors import ParatrainError
 from paratrain.launcher.ranks import SECONDARY_ERRORS
 from paratrain.launcher.supervise import STOPPED, supervise
-from paratrain.runtime.run_dir import RunDir
+from paratrain.run_dir import RunDir
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 from paratrain.cli_types import positive_seconds
 from paratrain.errors import ConfigError
 from paratrain.paths import existing
-from paratrain.runtime.run_dir import RunDir
+from paratrain.run_dir import RunDir
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import psutil
 
-from paratrain.runtime.run_dir import RunDir
+from paratrain.run_dir import RunDir
 
 STRAGGLER = 1.2  # a rank whose step time exceeds this multiple of the median
 INPUT_BOUND = 0.30  # fraction of wall time spent waiting for batches

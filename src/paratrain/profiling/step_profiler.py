@@ -21,7 +21,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
@@ -29,7 +29,16 @@ from torch.profiler import ProfilerActivity, profile, schedule
 from paratrain.distributed import collectives
 from paratrain.errors import ConfigError
 from paratrain.profiling.summary import Summary, render, summarize
-from paratrain.runtime.console import Console
+
+
+class Says(Protocol):
+    """Where the profiler prints: the run's console (the main process prints)."""
+
+    def print(self, *values: object, sep: str = " ", end: str = "\n", file: Any = None) -> None:
+        """``print`` on the main process."""
+
+    def warn(self, message: str) -> None:
+        """A one-line warning."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -108,7 +117,7 @@ class StepProfiler:
         directory: Path,
         rank: int,
         device: torch.device,
-        console: Console,
+        console: Says,
     ) -> None:
         self.window = window
         self.directory = directory

@@ -28,6 +28,7 @@ from paratrain.config import RunConfig
 from paratrain.distributed.environment import LaunchEnv
 from paratrain.distributed.job_id import job_id
 from paratrain.errors import ConfigError
+from paratrain.run_dir import RunDir
 from paratrain.runtime import final_state
 from paratrain.runtime import save_restore as checkpoints
 from paratrain.runtime.accumulation import Windows
@@ -35,7 +36,6 @@ from paratrain.runtime.console import Console
 from paratrain.runtime.loop_state import LoopState
 from paratrain.runtime.precision import Precision
 from paratrain.runtime.registry import Registry
-from paratrain.runtime.run_dir import RunDir
 from paratrain.strategies import Strategy
 
 

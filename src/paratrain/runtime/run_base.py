@@ -39,9 +39,9 @@ from paratrain.distributed.topology import Topology
 from paratrain.distributed.watchdog import Watchdog
 from paratrain.errors import ModelError
 from paratrain.paths import check_creatable, check_output_file
+from paratrain.run_dir import RunDir
 from paratrain.runtime.console import Console
 from paratrain.runtime.precision import Precision
-from paratrain.runtime.run_dir import RunDir
 from paratrain.strategies import select_strategy
 from paratrain.trackers import open_trackers
 from paratrain.version import __version__
@@ -63,7 +63,7 @@ class RunBase:
         if config.run_dir is None:  # the launcher's or the default: not checked by the config
             check_creatable(self.config.run_dir or ".", "run_dir")
         self.layout = RunDir(self.config.run_dir or ".")
-        """Where this run writes (:class:`paratrain.runtime.run_dir.RunDir`)."""
+        """Where this run writes (:class:`paratrain.run_dir.RunDir`)."""
         self.topology = Topology.from_env_or_group()
         self.selection = select_strategy(self.config, self.topology)
         self.strategy = self.selection.strategy

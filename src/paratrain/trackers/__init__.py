@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from paratrain.errors import EnvironmentMismatchError
-from paratrain.runtime.run_dir import RunDir
+from paratrain.run_dir import RunDir
 from paratrain.trackers.mlflow import MlflowTracker
 from paratrain.trackers.protocol import Tracker, TrackerOptions
 from paratrain.trackers.settings import TRACKER_NAMES, TrackerSettings, selected

@@ -21,7 +21,7 @@ from typing import Any
 from paratrain.checkpoint.object_storage import is_url
 from paratrain.errors import ConfigError
 from paratrain.paths import check_creatable
-from paratrain.runtime.run_dir import RunDir
+from paratrain.run_dir import RunDir
 from paratrain.verify.compare import Difference, compare
 from paratrain.verify.kill_points import Choice, choose, read_trace
 from paratrain.verify.report import Options, Outcome, Report
