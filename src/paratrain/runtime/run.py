@@ -56,7 +56,7 @@ from paratrain.runtime.run_base import RunBase
 from paratrain.runtime.save_restore import CheckpointInfo
 from paratrain.runtime.seeding import rank_seed, seed_everything
 from paratrain.runtime.stats import StatsWriter
-from paratrain.runtime.stepping import Stepper, StepRounds, refuse_metric_scheduler
+from paratrain.runtime.stepping import StepPath, Stepper, refuse_metric_scheduler
 from paratrain.trackers import STATE_NAME as TRACKER_STATE
 
 T = TypeVar("T")
@@ -89,7 +89,6 @@ class Run(RunBase):
         self.tracked.add_object(self.console.trackers, TRACKER_STATE, replicated=True)
         self._stepper = Stepper(self.precision, self.strategy, self.config.max_grad_norm)
         self._windows = Windows(self.config.grad_accum)
-        self._rounds = StepRounds()
         self._checkpoints = RunCheckpoints(
             RunParts(
                 config=self.config,
@@ -120,6 +119,12 @@ class Run(RunBase):
             )
             if self.config.stats_every
             else None
+        )
+        self._step_path = StepPath(
+            self._windows,
+            self._stepper,
+            self.loop,
+            stepped=lambda new_round: self._hooks.stepped(new_round=new_round, stats=self._stats),
         )
         self.console.print(
             f"paratrain: strategy {self.strategy.name} ({self.selection.reason}), "
@@ -353,25 +358,7 @@ class Run(RunBase):
         if scheduler is not None:
             self.tracked.add_scheduler(scheduler)
             self._print_notes()
-        window = self._windows.of(id(unit.module))
-        if window is None and self.loop.grad_accum > 1:
-            raise ConfigError(
-                f"grad_accum={self.loop.grad_accum} but no `with run.accumulate(model):` block "
-                "ran for this optimizer's model, so run.step cannot tell micro-batches from "
-                "steps. Put the forward and run.backward inside `with run.accumulate(model):`."
-            )
-        if window is not None and (not window.sync or id(optimizer) in window.stepped):
-            return False
-        correction = window.correction() if window is not None else 1.0
-        stepped = self._stepper.apply(optimizer, unit.optimizers, correction=correction)
-        if window is not None:
-            window.stepped.add(id(optimizer))
-        if stepped:
-            self._hooks.stepped(new_round=self._rounds.count(optimizer), stats=self._stats)
-            if scheduler is not None:
-                scheduler.step()
-            faults.emit("step")
-        return stepped
+        return self._step_path.step(optimizer, unit, scheduler)
 
     def profile(self, *, wait: int = 0, warmup: int = 1, active: int = 3, **record: bool) -> None:
         """Profile steps from the next one on (after ``wait`` + ``warmup``, ``active`` steps):

@@ -1,4 +1,7 @@
-"""What ``run.step`` does to gradients: unscale, weigh a short window, clip, step, zero.
+"""One optimizer step, as ``run.step`` takes it: the window, the gradients, the round.
+
+    path = StepPath(windows, Stepper(precision, strategy, 1.0), loop, stepped=on_step)
+    path.step(optimizer, unit, scheduler)   # False inside an accumulation window
 
     stepper = Stepper(precision, strategy, max_grad_norm=1.0)
     stepped = stepper.apply(optimizer, unit.optimizers, correction=window.correction())
@@ -13,15 +16,60 @@ once each (a GAN's D and G); the run's global step counts rounds, so it counts i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 
+from paratrain import faults
 from paratrain.errors import ConfigError
+from paratrain.runtime.accumulation import Windows
+from paratrain.runtime.loop_state import LoopState
 from paratrain.runtime.precision import Precision
+from paratrain.runtime.registry import Unit
 from paratrain.strategies import Strategy
+
+
+class StepPath:
+    """Everything ``run.step`` does after registration, in order: ask the model's accumulation
+    window whether this call steps, step the gradients (:class:`Stepper`), close the window,
+    count the round, step the scheduler."""
+
+    def __init__(
+        self,
+        windows: Windows,
+        stepper: Stepper,
+        loop: LoopState,
+        *,
+        stepped: Callable[[bool], None],
+    ) -> None:
+        self.windows, self.stepper, self.loop = windows, stepper, loop
+        self.rounds = StepRounds()
+        self._stepped = stepped  # the loop's reaction: count the step (True: a new round), ...
+
+    def step(self, optimizer: Optimizer, unit: Unit, scheduler: Any) -> bool:
+        """Step ``optimizer`` of ``unit`` at the end of its window; True if it stepped."""
+        window = self.windows.of(id(unit.module))
+        if window is None and self.loop.grad_accum > 1:
+            raise ConfigError(
+                f"grad_accum={self.loop.grad_accum} but no `with run.accumulate(model):` block "
+                "ran for this optimizer's model, so run.step cannot tell micro-batches from "
+                "steps. Put the forward and run.backward inside `with run.accumulate(model):`."
+            )
+        if window is not None and (not window.sync or id(optimizer) in window.stepped):
+            return False
+        correction = window.correction() if window is not None else 1.0
+        stepped = self.stepper.apply(optimizer, unit.optimizers, correction=correction)
+        if window is not None:
+            window.stepped.add(id(optimizer))
+        if stepped:
+            self._stepped(self.rounds.count(optimizer))
+            if scheduler is not None:
+                scheduler.step()
+            faults.emit("step")
+        return stepped
 
 
 class Stepper:
