@@ -1,6 +1,6 @@
 """What happens as the training loop moves, whatever the loop's shape.
 
-    hooks = LoopHooks(run)
+    hooks = LoopHooks(LoopParts(config=..., console=..., ...))   # made by Run
     hooks.loop_action()          # from epochs/progress/accumulate/backward/step/save: the loop is
                                  # running, so a restarted worker resumes now (once)
     hooks.last_micro_batch(key)  # is this micro-batch the last of the driving loader's pass?
@@ -12,7 +12,9 @@ arrives).
 from __future__ import annotations
 
 import datetime
-from typing import Any, Protocol
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch.distributed as dist
 
@@ -32,38 +34,40 @@ from paratrain.runtime.stats import StatsWriter
 from paratrain.strategies import Strategy
 
 
-class _RunParts(Protocol):
-    """The parts of a Run the hooks use (a Run satisfies it)."""
+@dataclass(frozen=True, kw_only=True)
+class LoopParts:
+    """What the hooks work with, handed over by ``Run`` (nothing else of it is reached)."""
 
     config: RunConfig
     console: Console
     strategy: Strategy
     tracked: Registry
     loop: LoopState
-    _windows: Windows
-    _watchdog: Watchdog | None
-    _checkpoints: RunCheckpoints
-    _rank_streams: bool
-    _batch_reported: bool
-    _profiler: StepProfiler | None
-
-    @property
-    def rank(self) -> int: ...
-    @property
-    def world_size(self) -> int: ...
-    @property
-    def data_rank(self) -> int: ...
-    @property
-    def data_size(self) -> int: ...
-    def _print_notes(self) -> None: ...
-    def set_grad_accum(self, every: int) -> None: ...
+    windows: Windows
+    checkpoints: RunCheckpoints
+    world_size: int
+    data_rank: int
+    data_size: int
+    watchdog: Callable[[], Watchdog | None]
+    """The hang watchdog, once started (None: not started, or off)."""
+    profiler: Callable[[], StepProfiler | None]
+    """The current profiling window (``run.profile`` replaces it)."""
+    print_notes: Callable[[], None]
+    """Print the notes the strategy gathered (once each)."""
+    set_grad_accum: Callable[[int], None]
+    """Change the micro-batches per step (``run.set_grad_accum``)."""
 
 
 class LoopHooks:
     """The run's reactions to the loop; also the hooks of its loaders."""
 
-    def __init__(self, run: _RunParts) -> None:
-        self.run = run
+    def __init__(self, parts: LoopParts) -> None:
+        self.run = parts
+        self.rank_streams = False
+        """True once each rank draws its own random numbers (after the first setup or a
+        resume)."""
+        self.batch_reported = False
+        """True once the global batch was derived and printed (the first training loader)."""
         self._in_pass: dict[int, tuple[int, int]] = {}
         self._stream_group: Any = None
 
@@ -104,15 +108,16 @@ class LoopHooks:
 
     def progress(self) -> None:
         """Tell the hang watchdog the loop moved."""
-        if self.run._watchdog is not None:
-            self.run._watchdog.progress(self.run.loop.global_step)
+        watchdog = self.run.watchdog()
+        if watchdog is not None:
+            watchdog.progress(self.run.loop.global_step)
 
     # -- the loop runs ----------------------------------------------------------------------
     def loop_action(self) -> None:
         """Called by every training action: resume after a restart, once; start the profiler's
         step count (``Run(profile=...)``), once."""
         self.resume_if_restarted()
-        profiler = self.run._profiler
+        profiler = self.run.profiler()
         if profiler is not None and not profiler.running and not profiler.done:
             profiler.start(self.run.loop.global_step)
         self.progress()
@@ -120,16 +125,16 @@ class LoopHooks:
     def resume_if_restarted(self) -> None:
         """After a torchrun restart: resume from the newest valid checkpoint (once), as soon as
         a model is set up, whatever the loop's shape."""
-        if self.run._checkpoints.auto_resume and self.run.tracked.units:
+        if self.run.checkpoints.auto_resume and self.run.tracked.units:
             self.resume(keep_global_batch=False)
 
     def resume(self, *, keep_global_batch: bool) -> dict[str, Any] | None:
         """Restore the newest valid checkpoint into the registered pieces."""
         run = self.run
-        resumed = run._checkpoints.resume(keep_global_batch=keep_global_batch)
-        run._rank_streams = True  # generators come from the checkpoint (or stay as they are)
+        resumed = run.checkpoints.resume(keep_global_batch=keep_global_batch)
+        self.rank_streams = True  # generators come from the checkpoint (or stay as they are)
         self._in_pass.clear()
-        run._print_notes()
+        run.print_notes()
         if resumed is None:
             return None
         if resumed.grad_accum != run.loop.grad_accum:
@@ -139,16 +144,16 @@ class LoopHooks:
     def start_rank_streams(self) -> None:
         """After the first setup: each rank draws its own random numbers from now on."""
         run = self.run
-        if not run._rank_streams:
-            run._rank_streams = True
+        if not self.rank_streams:
+            self.rank_streams = True
             seed_rank_stream(run.config.seed, run.data_rank)
 
     def first_loader(self, batch_size: int) -> None:
         """Derive grad_accum from ``global_batch`` and print the global batch, once."""
         run = self.run
-        if run._batch_reported:
+        if self.batch_reported:
             return
-        run._batch_reported = True
+        self.batch_reported = True
         world = run.data_size  # ranks of one tp group share a batch
         ranks = "world size" if world == run.world_size else "data-parallel ranks"
         if run.config.global_batch is not None:
@@ -160,9 +165,9 @@ class LoopHooks:
                     "global batch that it divides, or another per-rank batch."
                 )
             run.set_grad_accum(accum)
-        if run._checkpoints.saved_global_batch is not None:  # resumed before the loader existed
-            saved, keep = run._checkpoints.saved_global_batch
-            run._checkpoints.saved_global_batch = None
+        if run.checkpoints.saved_global_batch is not None:  # resumed before the loader existed
+            saved, keep = run.checkpoints.saved_global_batch
+            run.checkpoints.saved_global_batch = None
             accum = checkpoints.keep_or_report_global_batch(
                 saved,
                 per_rank=batch_size,
@@ -208,8 +213,9 @@ class LoopHooks:
         if new_round:
             if run.loop.stepped():
                 self.warn_mid_epoch_save()
-            if run._profiler is not None:
-                run._profiler.step()
+            profiler = run.profiler()
+            if profiler is not None:
+                profiler.step()
         self.progress()
         if stats is not None:
             loaders = run.tracked.loaders
@@ -235,10 +241,10 @@ class LoopHooks:
     def drop_unfinished_windows(self) -> None:
         """At the end of an epoch: forget windows that never reached a step, and say why."""
         run = self.run
-        pending = run._windows.pending()
+        pending = run.windows.pending()
         if not pending:
             return
-        count = run._windows.drop_pending()
+        count = run.windows.drop_pending()
         run.console.warn(
             f"epoch {run.loop.epoch} ended with {count} micro-batch(es) of an unfinished "
             "accumulation window; their gradients were dropped. The last micro-batch of an epoch "

@@ -42,7 +42,7 @@ from paratrain.errors import ConfigError
 from paratrain.profiling.step_profiler import Profile, StepProfiler, as_profile, check_no_window
 from paratrain.runtime.accumulation import Windows
 from paratrain.runtime.checkpoints import RunCheckpoints, RunParts
-from paratrain.runtime.loop_hooks import LoopHooks
+from paratrain.runtime.loop_hooks import LoopHooks, LoopParts
 from paratrain.runtime.loop_state import LoopState
 from paratrain.runtime.model_setup import (
     attach_loss,
@@ -107,10 +107,25 @@ class Run(RunBase):
         self.console.trackers.set_job(
             self._checkpoints.identity.run_id, restarted=self.restart_count > 0
         )
-        self._hooks = LoopHooks(self)
         self._profiler = self._new_profiler(as_profile(self.config.profile))
-        self._rank_streams = False
-        self._batch_reported = False
+        self._hooks = LoopHooks(
+            LoopParts(
+                config=self.config,
+                console=self.console,
+                strategy=self.strategy,
+                tracked=self.tracked,
+                loop=self.loop,
+                windows=self._windows,
+                checkpoints=self._checkpoints,
+                world_size=self.world_size,
+                data_rank=self.data_rank,
+                data_size=self.data_size,
+                watchdog=lambda: self._watchdog,
+                profiler=lambda: self._profiler,
+                print_notes=self._print_notes,
+                set_grad_accum=self.set_grad_accum,
+            )
+        )
         if self.config.per_rank_batch is not None:
             self._hooks.first_loader(self.config.per_rank_batch)
         self._stats = (
