@@ -1,5 +1,12 @@
 """``fsdp``: FSDP2 (``fully_shard``) — parameters, gradients and optimizer state sharded over ranks.
 
+    model = place(model, device, sync_batchnorm=False)  # rank 0's initial values everywhere
+    model = shard(model, mesh["dp"], config)  # fully_shard each fsdp_wrap unit, then the root
+
+The strategies over a mesh (``fsdp``, ``tp``, ``pipeline``) are siblings: each composes these
+functions with :func:`paratrain.strategies.tp.split_layers` and the pipeline's stages in its
+``wrap``, and :class:`MeshStrategy` holds what they share (gradient sync, buffers, state dicts).
+
 Each submodule chosen by ``RunConfig.fsdp_wrap`` becomes its own all-gather unit (for a transformer:
 its blocks), and the root module always is one. Works on CPU ranks over gloo as on GPUs over nccl.
 FSDP2 shards each rank's local copy; ``wrap`` first broadcasts rank 0's initial weights so the
@@ -45,10 +52,43 @@ from paratrain.strategies.ddp import check_ranks_fit_gpus
 from paratrain.strategies.fsdp_methods import check_methods
 
 
-class FSDPStrategy(Strategy):
-    """Shard the model with ``fully_shard`` over the ``dp`` axis (HSDP with ``dp_replicate``)."""
+def place(model: nn.Module, device: torch.device, *, sync_batchnorm: bool) -> nn.Module:
+    """On this rank's device, with rank 0's initial values on every rank."""
+    if sync_batchnorm:
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # type: ignore[no-untyped-call]
+    model = model.to(device)
+    # FSDP2 shards each rank's local copy: make the copies equal first, whatever random
+    # state each rank built its model with (rank 0's values win, as in DDP).
+    for tensor in [*model.parameters(), *model.buffers()]:
+        dist.broadcast(tensor.data, src=0)
+    return model
 
-    name: ClassVar[str] = "fsdp"
+
+def shard(model: nn.Module, mesh: DeviceMesh, config: RunConfig) -> nn.Module:
+    """``fully_shard`` every ``fsdp_wrap`` unit and the root over ``mesh`` (2-D: HSDP)."""
+    options: dict[str, Any] = {
+        "mesh": mesh,
+        "reshard_after_forward": config.fsdp_reshard_after_forward,
+        "offload_policy": CPUOffloadPolicy() if config.fsdp_offload else OffloadPolicy(),
+    }
+    if config.precision == "bf16":
+        options["mp_policy"] = MixedPrecisionPolicy(
+            param_dtype=torch.bfloat16, reduce_dtype=torch.float32
+        )
+    for module in selected(model, config.fsdp_wrap):
+        fully_shard(module, **options)
+    # The root's parameters are the first backward needs: freeing them after forward would
+    # only gather them again at once (torch's own default for a root; it was 8 % of a step
+    # on the bench MLP).
+    fully_shard(model, **{**options, "reshard_after_forward": False})
+    check_methods(model)
+    return model
+
+
+class MeshStrategy(Strategy):
+    """What the strategies over a device mesh share: one process per rank, sharded state,
+    FSDP2's gradient sync, per-rank buffers averaged before evaluation and saves."""
+
     multi_process: ClassVar[bool] = True
     sharded_state: ClassVar[bool] = True
 
@@ -61,59 +101,6 @@ class FSDPStrategy(Strategy):
                 "fsdp_offload=True on CPU ranks: it moves sharded state from GPU memory to host "
                 "memory, where CPU ranks keep it already. Drop fsdp_offload, or train on GPUs."
             )
-
-    @classmethod
-    def mesh_shape(cls, config: RunConfig, topology: Topology) -> MeshShape:
-        shape = MeshShape.resolve(config.mesh, topology.world_size)
-        if shape.sizes["pp"] > 1:
-            raise ConfigError(
-                f"mesh={config.mesh!r} has a pp axis, which strategy 'fsdp' does not pipeline. "
-                "Use strategy='pipeline' (stages over pp, FSDP over dp), or drop the pp axis."
-            )
-        if shape.sizes["tp"] > 1:
-            raise ConfigError(
-                f"mesh={config.mesh!r} has a tp axis, which strategy 'fsdp' does not split. Use "
-                "strategy='tp' (tensor parallel over tp, FSDP over dp), or drop the tp axis."
-            )
-        return shape
-
-    def wrap(self, model: nn.Module) -> nn.Module:
-        model = self.place(model)
-        mesh = self.shape.build(self.device.type)
-        data = self.shape.data_submesh(mesh)
-        assert data is not None or self.shape.world_size == 1
-        return self.shard(model, data if data is not None else mesh["dp"])
-
-    def place(self, model: nn.Module) -> nn.Module:
-        """On this rank's device, with rank 0's initial values on every rank."""
-        if self.config.sync_batchnorm:
-            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # type: ignore[no-untyped-call]
-        model = model.to(self.device)
-        # FSDP2 shards each rank's local copy: make the copies equal first, whatever random
-        # state each rank built its model with (rank 0's values win, as in DDP).
-        for tensor in [*model.parameters(), *model.buffers()]:
-            dist.broadcast(tensor.data, src=0)
-        return model
-
-    def shard(self, model: nn.Module, mesh: DeviceMesh) -> nn.Module:
-        """``fully_shard`` every ``fsdp_wrap`` unit and the root over ``mesh`` (2-D: HSDP)."""
-        options: dict[str, Any] = {
-            "mesh": mesh,
-            "reshard_after_forward": self.config.fsdp_reshard_after_forward,
-            "offload_policy": CPUOffloadPolicy() if self.config.fsdp_offload else OffloadPolicy(),
-        }
-        if self.config.precision == "bf16":
-            options["mp_policy"] = MixedPrecisionPolicy(
-                param_dtype=torch.bfloat16, reduce_dtype=torch.float32
-            )
-        for module in selected(model, self.config.fsdp_wrap):
-            fully_shard(module, **options)
-        # The root's parameters are the first backward needs: freeing them after forward would
-        # only gather them again at once (torch's own default for a root; it was 8 % of a step
-        # on the bench MLP).
-        fully_shard(model, **{**options, "reshard_after_forward": False})
-        check_methods(model)
-        return model
 
     @contextlib.contextmanager
     def no_sync(self, model: nn.Module) -> Iterator[None]:
@@ -133,8 +120,9 @@ class FSDPStrategy(Strategy):
 
     def uneven_inputs(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
         raise ConfigError(
-            "uneven_inputs is not supported with strategy 'fsdp' (torch's Join covers DDP only). "
-            "Use run.loader, which gives every rank the same number of batches, or strategy='ddp'."
+            f"uneven_inputs is not supported with strategy {self.name!r} (torch's Join covers "
+            "DDP only). Use run.loader, which gives every rank the same number of batches, or "
+            "strategy='ddp'."
         )
 
     def full_state_dict(self, model: nn.Module) -> dict[str, Any]:
@@ -155,3 +143,31 @@ class FSDPStrategy(Strategy):
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         full = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
         return float(full)
+
+
+class FSDPStrategy(MeshStrategy):
+    """Shard the model with ``fully_shard`` over the ``dp`` axis (HSDP with ``dp_replicate``)."""
+
+    name: ClassVar[str] = "fsdp"
+
+    @classmethod
+    def mesh_shape(cls, config: RunConfig, topology: Topology) -> MeshShape:
+        shape = MeshShape.resolve(config.mesh, topology.world_size)
+        if shape.sizes["pp"] > 1:
+            raise ConfigError(
+                f"mesh={config.mesh!r} has a pp axis, which strategy 'fsdp' does not pipeline. "
+                "Use strategy='pipeline' (stages over pp, FSDP over dp), or drop the pp axis."
+            )
+        if shape.sizes["tp"] > 1:
+            raise ConfigError(
+                f"mesh={config.mesh!r} has a tp axis, which strategy 'fsdp' does not split. Use "
+                "strategy='tp' (tensor parallel over tp, FSDP over dp), or drop the tp axis."
+            )
+        return shape
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        model = place(model, self.device, sync_batchnorm=self.config.sync_batchnorm)
+        mesh = self.shape.build(self.device.type)
+        data = self.shape.data_submesh(mesh)
+        assert data is not None or self.shape.world_size == 1
+        return shard(model, data if data is not None else mesh["dp"], self.config)

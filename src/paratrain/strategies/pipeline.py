@@ -48,14 +48,15 @@ from paratrain.errors import ConfigError, ModelError
 from paratrain.plans import pipeline_stages as pipeline
 from paratrain.plans import tp
 from paratrain.plans.mesh import MeshShape
-from paratrain.plans.tp_split import split, stand_in
+from paratrain.plans.tp_split import stand_in
 from paratrain.strategies.base import average_buffers, cpu_copies
-from paratrain.strategies.tp import TensorParallelStrategy, clip_by_global_norm
+from paratrain.strategies.fsdp import MeshStrategy, place, shard
+from paratrain.strategies.tp import clip_by_global_norm, split_layers
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 
 
-class PipelineStrategy(TensorParallelStrategy):
+class PipelineStrategy(MeshStrategy):
     """Pipeline stages over ``pp``; tensor parallel inside them over ``tp`` and FSDP over the
     data-parallel axes, if the mesh has them."""
 
@@ -88,7 +89,7 @@ class PipelineStrategy(TensorParallelStrategy):
 
     @classmethod
     def check(cls, config: RunConfig, topology: Topology, accelerator: str, gpus: int) -> None:
-        super(TensorParallelStrategy, cls).check(config, topology, accelerator, gpus)
+        super().check(config, topology, accelerator, gpus)
         if config.precision == "fp16":
             raise ConfigError(
                 "precision='fp16' with strategy 'pipeline': loss scaling would skip steps on "
@@ -126,7 +127,7 @@ class PipelineStrategy(TensorParallelStrategy):
             )
 
     def wrap(self, model: nn.Module) -> nn.Module:
-        model = self.place(model)
+        model = place(model, self.device, sync_batchnorm=self.config.sync_batchnorm)
         mesh = self.shape.build(self.device.type)
         pp = self.shape.sizes["pp"]
         stages = stage_count(self.config, pp)
@@ -146,7 +147,7 @@ class PipelineStrategy(TensorParallelStrategy):
             self._split_layers(model, modules, indices, mesh)
         data = self.shape.data_submesh(mesh)
         if data is not None:
-            modules = [self.shard(module, data) for module in modules]
+            modules = [shard(module, data, self.config) for module in modules]
             self._data_group = data.get_group() if data.ndim == 1 else data._flatten().get_group()
         micro = microbatches(self.config, stages)
         self.notes.append(
@@ -183,13 +184,9 @@ class PipelineStrategy(TensorParallelStrategy):
                 "from the plan."
             )
         for module, index in zip(modules, indices, strict=True):
-            part = tp.resolve(module, plan, size, part=True)
-            _check_stage_ends_whole(module, part, index)
-            split(module, part, mesh["tp"])
-            styles = ", ".join(f"{n} {type(s).__name__}" for n, s in part.styles.items())
-            self.notes.append(
-                f"paratrain: stage {index}: tensor parallel over tp {size}: {styles or 'nothing'}"
-            )
+            _check_stage_ends_whole(module, tp.resolve(module, plan, size, part=True), index)
+            _, notes = split_layers(module, plan, mesh["tp"], part=True, what=f"stage {index}: ")
+            self.notes.extend(notes)
 
     def check_batch(self, batch_size: int, last: int | None) -> None:
         micro = microbatches(self.config, stage_count(self.config, self.pp))

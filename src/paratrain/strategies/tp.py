@@ -4,6 +4,8 @@
     pt.Run(strategy="tp", mesh={"dp": -1, "tp": 2}, tp_plan="auto")      # FSDP x TP (2-D)
     pt.Run(strategy="tp", mesh={"dp_replicate": 2, "dp": 2, "tp": 2}, tp_plan=plan)  # HSDP x TP
 
+    loss_parallel, notes = split_layers(model, plan, mesh["tp"])   # also inside pipeline stages
+
 ``wrap`` gives every rank rank 0's initial weights, divides the head counts the plan names,
 splits the planned layers with DTensor's ``parallelize_module`` over the ``tp`` axis, then, when
 the data axes have more than one rank, shards everything with ``fully_shard`` over them (as
@@ -29,10 +31,29 @@ from paratrain.errors import ConfigError
 from paratrain.plans import tp
 from paratrain.plans.mesh import MeshShape
 from paratrain.plans.tp_split import split
-from paratrain.strategies.fsdp import FSDPStrategy
+from paratrain.strategies.fsdp import MeshStrategy, place, shard
 
 
-class TensorParallelStrategy(FSDPStrategy):
+def split_layers(
+    model: nn.Module, plan: object, mesh: Any, *, part: bool = False, what: str = ""
+) -> tuple[bool, list[str]]:
+    """Split ``model``'s layers by ``plan`` over the tp ``mesh`` axis (checked first, see
+    :mod:`paratrain.plans.tp_split`); returns (whether the loss is parallel, notes to print).
+    ``part``: ``model`` is one pipeline stage, ``what`` names it in the notes."""
+    size = int(mesh.size())
+    resolved = tp.resolve(model, plan, size, part=part)
+    split(model, resolved, mesh)
+    styles = ", ".join(f"{n} {type(s).__name__}" for n, s in resolved.styles.items())
+    notes = [f"paratrain: {what}tensor parallel over tp {size}: {styles or 'nothing'}"]
+    for module, name, attr in resolved.heads:
+        notes.append(
+            f"paratrain: {name}.{attr} = {getattr(module, attr)} heads per rank (of "
+            f"{getattr(module, attr) * size})"
+        )
+    return resolved.loss_parallel, notes
+
+
+class TensorParallelStrategy(MeshStrategy):
     """Split layers with a tensor-parallel plan; FSDP over the data-parallel axes, if any."""
 
     name: ClassVar[str] = "tp"
@@ -40,7 +61,7 @@ class TensorParallelStrategy(FSDPStrategy):
     @classmethod
     def mesh_shape(cls, config: RunConfig, topology: Topology) -> MeshShape:
         shape = MeshShape.resolve(config.mesh or {"tp": -1}, topology.world_size)
-        if shape.sizes["pp"] > 1 and cls.name == "tp":
+        if shape.sizes["pp"] > 1:
             raise ConfigError(
                 f"mesh={config.mesh!r} has a pp axis, which strategy 'tp' does not pipeline. "
                 "Use strategy='pipeline' for pipeline stages (with dp), or drop the pp axis."
@@ -64,27 +85,18 @@ class TensorParallelStrategy(FSDPStrategy):
             )
 
     def wrap(self, model: nn.Module) -> nn.Module:
-        model = self.place(model)
+        model = place(model, self.device, sync_batchnorm=self.config.sync_batchnorm)
         mesh = self.shape.build(self.device.type)
-        size = self.shape.sizes["tp"]
-        plan = tp.resolve(model, self.config.tp_plan, size)
-        split(model, plan, mesh["tp"])
-        self.loss_parallel = plan.loss_parallel
-        styles = ", ".join(f"{n} {type(s).__name__}" for n, s in plan.styles.items())
-        self.notes.append(f"paratrain: tensor parallel over tp {size}: {styles}")
-        for module, name, attr in plan.heads:
-            self.notes.append(
-                f"paratrain: {name}.{attr} = {getattr(module, attr)} heads per rank (of "
-                f"{getattr(module, attr) * size})"
-            )
-        if plan.loss_parallel:
+        self.loss_parallel, notes = split_layers(model, self.config.tp_plan, mesh["tp"])
+        self.notes.extend(notes)
+        if self.loss_parallel:
             self.notes.append(
                 "paratrain: loss parallel: logits stay split over the classes; losses from "
                 "loss_fn= or from the model's forward are computed on the shards"
             )
         data = self.shape.data_submesh(mesh)
         if data is not None:
-            model = self.shard(model, data)
+            model = shard(model, data, self.config)
         return model
 
     def loss_context(self) -> contextlib.AbstractContextManager[Any]:
