@@ -234,6 +234,32 @@ def test_one_process_tp_run_trains_and_says_what_it_split(
         run.setup(nn.Sequential(nn.Linear(4, 8), nn.GELU()))
 
 
+class _Locked(nn.Module):
+    """A block holding a lock (deepcopy cannot copy one): its first call is not compared."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import threading
+
+        self.lock = threading.Lock()
+        self.fc1, self.fc2 = nn.Linear(4, 8), nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with self.lock:
+            return self.fc2(torch.relu(self.fc1(x)))
+
+
+def test_a_block_that_cannot_be_copied_trains_and_says_it_was_not_compared(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    net = nn.Sequential(_Locked())
+    with pt.Run(strategy="tp", tp_plan={"0.fc1": "colwise", "0.fc2": "rowwise"}) as run:
+        model, opt = run.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
+        run.backward(model(torch.randn(8, 4)).square().mean())
+        assert run.step(opt)
+    assert "'0' is not compared with its unsplit copy on its first call" in capsys.readouterr().out
+
+
 names = st.sampled_from(
     [
         "layers.0.mlp.0",

@@ -58,16 +58,26 @@ def stand_in() -> Iterator[None]:
         _STAND_IN.reset(token)
 
 
-def split(model: nn.Module, resolved: Resolved, mesh: Any) -> None:
+def split(model: nn.Module, resolved: Resolved, mesh: Any) -> list[str]:
     """Check ``resolved`` against ``model``, divide the head counts, split the layers over
-    ``mesh`` (the tp axis), keep tied parameters tied and arm the first-call check."""
+    ``mesh`` (the tp axis), keep tied parameters tied and arm the first-call check. Returns
+    notes to print (a block that cannot be copied is not compared, and says so)."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     kinds = {name: _kind(style) for name, style in resolved.styles.items()}
     check_pairs(model, kinds)
     ties = _ties(model)
-    blocks = _blocks(model, kinds)
-    whole = {name: copy.deepcopy(block) for name, block in blocks.items()}
+    blocks, notes = {}, []
+    whole: dict[str, nn.Module] = {}
+    for name, block in _blocks(model, kinds).items():
+        try:
+            whole[name] = copy.deepcopy(block)
+            blocks[name] = block
+        except Exception as err:  # a reference deepcopy cannot follow (a lock, a process group)
+            notes.append(
+                f"paratrain: tp_plan: {name or 'the model'!r} is not compared with its unsplit "
+                f"copy on its first call: it cannot be copied ({type(err).__name__}: {err})"
+            )
     for module, _, attr in resolved.heads:
         setattr(module, attr, getattr(module, attr) // _size(mesh))
     probes = []
@@ -85,6 +95,7 @@ def split(model: nn.Module, resolved: Resolved, mesh: Any) -> None:
     _retie(model, ties, kinds)
     for probe in probes:
         probe.arm()
+    return notes
 
 
 def _size(mesh: Any) -> int:

@@ -42,9 +42,9 @@ def split_layers(
     ``part``: ``model`` is one pipeline stage, ``what`` names it in the notes."""
     size = int(mesh.size())
     resolved = tp.resolve(model, plan, size, part=part)
-    split(model, resolved, mesh)
+    skipped = split(model, resolved, mesh)
     styles = ", ".join(f"{n} {type(s).__name__}" for n, s in resolved.styles.items())
-    notes = [f"paratrain: {what}tensor parallel over tp {size}: {styles or 'nothing'}"]
+    notes = [f"paratrain: {what}tensor parallel over tp {size}: {styles or 'nothing'}", *skipped]
     for module, name, attr in resolved.heads:
         notes.append(
             f"paratrain: {name}.{attr} = {getattr(module, attr)} heads per rank (of "
