@@ -260,6 +260,38 @@ def test_a_block_that_cannot_be_copied_trains_and_says_it_was_not_compared(
     assert "'0' is not compared with its unsplit copy on its first call" in capsys.readouterr().out
 
 
+def test_pairs_follow_the_layouts_a_style_object_declares() -> None:
+    """torchtitan's shape: wo hands on a sequence shard, the norm is sequence parallel, the
+    output layer gathers its logits; none of that is a colwise layer without its partner."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    from paratrain.plans.tp_split import check_pairs
+
+    model = nn.Module()
+    model.attention = nn.Module()
+    for name in ("wq", "wk", "wv", "wo"):
+        model.attention.add_module(name, nn.Linear(8, 8))
+    model.attention_norm, model.output = nn.LayerNorm(8), nn.Linear(8, 16)
+    plan: dict[str, Any] = {
+        "attention.wq": ColwiseParallel(),
+        "attention.wk": ColwiseParallel(),
+        "attention.wv": ColwiseParallel(),
+        "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+        "attention_norm": SequenceParallel(),
+        "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+    }
+    check_pairs(model, plan)
+    with pytest.raises(ModelError, match=r"'attention\.wq' colwise, but no layer in 'attention'"):
+        check_pairs(model, {k: v for k, v in plan.items() if k != "attention.wo"})
+    with pytest.raises(ModelError, match=r"'output' colwise, but no layer in the model"):
+        check_pairs(model, {**plan, "output": ColwiseParallel()})
+
+
 names = st.sampled_from(
     [
         "layers.0.mlp.0",

@@ -65,7 +65,7 @@ def split(model: nn.Module, resolved: Resolved, mesh: Any) -> list[str]:
     from torch.distributed.tensor.parallel import parallelize_module
 
     kinds = {name: _kind(style) for name, style in resolved.styles.items()}
-    check_pairs(model, kinds)
+    check_pairs(model, resolved.styles)
     ties = _ties(model)
     blocks, notes = {}, []
     whole: dict[str, nn.Module] = {}
@@ -117,6 +117,22 @@ def _kind(style: Any) -> str | None:
     return None
 
 
+def _role(style: Any) -> str | None:
+    """What a style needs from a partner: ``colwise`` hands on a local shard of its outputs
+    (a rowwise layer must sum it), ``rowwise`` takes a split input (a colwise layer must make
+    it); None for styles whose outputs are whole or a DTensor (``output``, ``Replicate()``
+    outputs), inputs taken whole, ``sequence``, and any other ParallelStyle."""
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    if isinstance(style, ColwiseParallel):
+        local_shard = style.output_layouts == (Shard(-1),) and style.use_local_output
+        return "colwise" if local_shard else None
+    if isinstance(style, RowwiseParallel):
+        return "rowwise" if style.input_layouts == (Shard(-1),) else None
+    return None
+
+
 def _parent(name: str) -> str:
     return name.rpartition(".")[0]
 
@@ -131,9 +147,11 @@ def _beside(name: str, parent: str) -> bool:
     return _inside(name, parent) if parent else "." not in name
 
 
-def check_pairs(model: nn.Module, kinds: dict[str, str | None]) -> None:
+def check_pairs(model: nn.Module, styles: dict[str, Any]) -> None:
     """Refuse a column-wise layer with no row-wise one beside it in its module, and a row-wise
-    Linear with no column-wise one: the split activation would reach code that expects it whole."""
+    Linear with no column-wise one: the split activation would reach code that expects it whole.
+    ``styles``: module name -> ParallelStyle, as ``parallelize_module`` takes them."""
+    kinds = {name: _role(style) for name, style in styles.items()}
     modules = dict(model.named_modules())
     for name, kind in kinds.items():
         if kind is None:
@@ -220,14 +238,21 @@ def _placements(param: torch.Tensor) -> str:
 
 
 def _blocks(model: nn.Module, kinds: dict[str, str | None]) -> dict[str, nn.Module]:
-    """The first module of each shape that holds a column-wise layer (its parent)."""
+    """The first module of each shape that holds a column-wise layer (its parent), when every
+    layer the plan splits inside it has torch's default layouts: a block with a style of its own
+    inside (sequence parallel, outputs left split) may hand on something else on purpose."""
     modules = dict(model.named_modules())
     found: dict[str, str] = {}
     for name, kind in kinds.items():
         if kind == "colwise":
             parent = _parent(name)
             found.setdefault(re.sub(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)", "*", parent), parent)
-    return {parent: modules[parent] for parent in found.values()}
+    return {
+        parent: modules[parent]
+        for parent in found.values()
+        if parent not in kinds
+        and all(k is not None for n, k in kinds.items() if _inside(n, parent))
+    }
 
 
 class _Probe:
