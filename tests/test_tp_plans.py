@@ -117,9 +117,44 @@ def _objects() -> dict[str, Any]:
     return {k: ColwiseParallel() if v == "colwise" else RowwiseParallel() for k, v in FFN.items()}
 
 
+def _sequence_parallel() -> pt.tp.TPPlan:
+    """pytorch/examples' fsdp_tp_example plan (torchtitan's): the residual stream stays split
+    over the sequence, norms run on their shard, each block gathers it first; the head counts
+    divided through ``heads=``, the embedding tied to the output layer split alike."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    def gathered() -> Any:
+        return PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+
+    styles = {
+        "tok_emb": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "norm": SequenceParallel(),
+        "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+        "layers.*.attn_norm": SequenceParallel(),
+        "layers.*.attn": gathered(),
+        "layers.*.attn.wq": ColwiseParallel(),
+        "layers.*.attn.wk": ColwiseParallel(),
+        "layers.*.attn.wv": ColwiseParallel(),
+        "layers.*.attn.wo": RowwiseParallel(output_layouts=Shard(1)),
+        "layers.*.ffn_norm": SequenceParallel(),
+        "layers.*.ffn": gathered(),
+        "layers.*.ffn.w1": ColwiseParallel(),
+        "layers.*.ffn.w3": ColwiseParallel(),
+        "layers.*.ffn.w2": RowwiseParallel(output_layouts=Shard(1)),
+    }
+    return pt.tp.TPPlan(styles, {"layers.*.attn": ("n_heads", "n_kv_heads")})
+
+
 def plans() -> dict[str, dict[str, Any]]:
     """name -> (settings of pt.Run and the model)"""
     return {
+        "sequence_parallel": dict(tp_plan=_sequence_parallel()),
         "attention_and_dict": dict(tp_plan=ATTENTION | FFN),
         "style_objects": dict(tp_plan=ATTENTION | _objects()),
         "tied_split_alike": dict(
