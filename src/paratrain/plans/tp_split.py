@@ -3,16 +3,19 @@
     resolved = tp.resolve(model, plan, tp_size)
     notes = split(model, resolved, mesh["tp"])     # every rank of the tp group
 
-Before anything is split, each column-wise layer must have a row-wise partner in the module that
-holds it (its output is split over the tp ranks until that partner sums it), and each row-wise
-Linear a column-wise one (its input must arrive split). Tied parameters (an embedding shared
+Before anything is split, each column-wise layer that hands on a local shard of its outputs
+must have a row-wise partner in the module that holds it (until that partner sums it, the
+activation is split over the tp ranks), and each row-wise layer that takes a split input a
+column-wise one; styles whose layouts say otherwise (``output``, outputs gathered, sequence
+parallel, ``PrepareModuleInput``) need no partner. Tied parameters (an embedding shared
 with the output layer) stay one parameter when the plan splits both sides the same way; a plan
 that splits them differently is refused.
 
 What cannot be seen in the module tree, what a block's forward does between a pair, is checked
 on the block's first call: one block of each shape (``blocks.*.attn``, ``blocks.*.mlp``) is
 kept twice before the split, whole and split by the same plan, and both copies run on the
-block's real first input (evaluation mode, fp32, no autocast). Split heads that the forward
+block's real first input (evaluation mode, fp32, no autocast); blocks holding a style with
+layouts of its own are not compared. Split heads that the forward
 does not know about (``view(B, T, self.n_heads, -1)`` with the whole model's head count) and a
 norm, softmax or mean over the features between a pair give outputs that differ from the whole
 block's; the call then raises ModelError naming the block and the fix, before any step. The
