@@ -15,7 +15,8 @@ repeating the same order. Samplers: :mod:`paratrain.data.samplers`.
 A stream (an ``IterableDataset``, split by :mod:`paratrain.data.streaming`) keeps every rank's
 position in each checkpoint. The ranks agree after each fetch whether all got a batch (a tiny
 all-reduce on a gloo side group), so uneven shares end the pass on every rank at once; ranks or
-workers that got the same data or read in different orders are reported (built by loader_build).
+workers that got the same data or read in different orders are reported. Loaders are built by
+:mod:`paratrain.data.build`.
 """
 
 from __future__ import annotations

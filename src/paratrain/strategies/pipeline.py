@@ -184,9 +184,9 @@ class PipelineStrategy(MeshStrategy):
                 "from the plan."
             )
         for module, index in zip(modules, indices, strict=True):
-            _check_stage_ends_whole(module, tp.resolve(module, plan, size, part=True), index)
-            _, notes = split_layers(module, plan, mesh["tp"], part=True, what=f"stage {index}: ")
-            self.notes.extend(notes)
+            part = tp.resolve(module, plan, size, part=True)
+            _check_stage_ends_whole(module, part, index)
+            self.notes.extend(split_layers(module, part, mesh["tp"], what=f"stage {index}: "))
 
     def check_batch(self, batch_size: int, last: int | None) -> None:
         micro = microbatches(self.config, stage_count(self.config, self.pp))

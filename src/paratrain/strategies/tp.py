@@ -4,7 +4,7 @@
     pt.Run(strategy="tp", mesh={"dp": -1, "tp": 2}, tp_plan="auto")      # FSDP x TP (2-D)
     pt.Run(strategy="tp", mesh={"dp_replicate": 2, "dp": 2, "tp": 2}, tp_plan=plan)  # HSDP x TP
 
-    loss_parallel, notes = split_layers(model, plan, mesh["tp"])   # also inside pipeline stages
+    notes = split_layers(model, tp.resolve(model, plan, 2), mesh["tp"])  # also in pipeline stages
 
 ``wrap`` gives every rank rank 0's initial weights, divides the head counts the plan names,
 splits the planned layers with DTensor's ``parallelize_module`` over the ``tp`` axis, then, when
@@ -35,13 +35,12 @@ from paratrain.strategies.fsdp import MeshStrategy, place, shard
 
 
 def split_layers(
-    model: nn.Module, plan: object, mesh: Any, *, part: bool = False, what: str = ""
-) -> tuple[bool, list[str]]:
-    """Split ``model``'s layers by ``plan`` over the tp ``mesh`` axis (checked first, see
-    :mod:`paratrain.plans.tp_split`); returns (whether the loss is parallel, notes to print).
-    ``part``: ``model`` is one pipeline stage, ``what`` names it in the notes."""
+    model: nn.Module, resolved: tp.Resolved, mesh: Any, *, what: str = ""
+) -> list[str]:
+    """Split ``model``'s layers by ``resolved`` (``tp.resolve(model, plan, size)``) over the tp
+    ``mesh`` axis, checked first (see :mod:`paratrain.plans.tp_split`); returns notes to print.
+    ``what`` names a pipeline stage in the notes."""
     size = int(mesh.size())
-    resolved = tp.resolve(model, plan, size, part=part)
     skipped = split(model, resolved, mesh)
     styles = ", ".join(f"{n} {type(s).__name__}" for n, s in resolved.styles.items())
     notes = [f"paratrain: {what}tensor parallel over tp {size}: {styles or 'nothing'}", *skipped]
@@ -50,7 +49,7 @@ def split_layers(
             f"paratrain: {name}.{attr} = {getattr(module, attr)} heads per rank (of "
             f"{getattr(module, attr) * size})"
         )
-    return resolved.loss_parallel, notes
+    return notes
 
 
 class TensorParallelStrategy(MeshStrategy):
@@ -87,8 +86,9 @@ class TensorParallelStrategy(MeshStrategy):
     def wrap(self, model: nn.Module) -> nn.Module:
         model = place(model, self.device, sync_batchnorm=self.config.sync_batchnorm)
         mesh = self.shape.build(self.device.type)
-        self.loss_parallel, notes = split_layers(model, self.config.tp_plan, mesh["tp"])
-        self.notes.extend(notes)
+        resolved = tp.resolve(model, self.config.tp_plan, self.shape.sizes["tp"])
+        self.loss_parallel = resolved.loss_parallel
+        self.notes.extend(split_layers(model, resolved, mesh["tp"]))
         if self.loss_parallel:
             self.notes.append(
                 "paratrain: loss parallel: logits stay split over the classes; losses from "
