@@ -297,7 +297,9 @@ class _Probe:
         """Every rank of the tp group decides alike (the split copy's forward is collective)."""
         if self.group is None:
             return ok
-        flag = torch.tensor([1.0 if ok else 0.0])
+        assert self.cut is not None
+        device = next(self.cut.parameters()).device  # nccl reduces only GPU tensors
+        flag = torch.tensor([1.0 if ok else 0.0], device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
         return bool(flag.item())
 
