@@ -218,7 +218,8 @@ def _break_run(ckpt: Path | None, *, stop: int, shape: str) -> tuple[Any, list[t
         net = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 1))
         model, opt = run.setup(net, torch.optim.Adam(net.parameters(), lr=0.01))
         loader = run.loader(TensorDataset(x, y), batch_size=8, shuffle=True)
-        run.resume()
+        if ckpt is not None:
+            run.resume()
         for epoch in run.epochs(4):
             for i, (xb, yb) in enumerate(loader):
                 if shape == "limit" and i == 3:
@@ -229,7 +230,8 @@ def _break_run(ckpt: Path | None, *, stop: int, shape: str) -> tuple[Any, list[t
                 if shape == "max_steps" and run.global_step == stop:
                     break
             if shape == "limit":
-                run.save()
+                if ckpt is not None:
+                    run.save()
                 if epoch + 1 == stop:
                     break
             elif run.global_step == stop:
@@ -247,5 +249,40 @@ def test_a_save_after_break_resumes_where_the_steps_stopped(tmp_path: Path, shap
     straight, order = _break_run(None, stop=later, shape=shape)
     _, before = _break_run(tmp_path, stop=first, shape=shape)
     resumed, after = _break_run(tmp_path, stop=later, shape=shape)
+    assert before + after == order
+    assert max_abs_diff(resumed, straight) == 0.0
+
+
+def _while_run(ckpt: Path | None, *, save_at: int | None) -> tuple[Any, list[int]]:
+    """A `while` loop that leaves the loader every 3 steps and enters it again (no run.epochs):
+    the next pass goes on after the batches trained; a save after a `break` resumes there."""
+    x = torch.randn(40, 6, generator=torch.Generator().manual_seed(1))
+    y = torch.randn(40, 1, generator=torch.Generator().manual_seed(2))
+    seen: list[int] = []
+    with pt.Run(strategy="cpu", ckpt_dir=ckpt, progress=False, seed=0) as run:
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 1))
+        model, opt = run.setup(net, torch.optim.Adam(net.parameters(), lr=0.01))
+        loader = run.loader(TensorDataset(x, y), batch_size=8, shuffle=True)
+        if ckpt is not None:
+            run.resume()
+        while run.global_step < 14:
+            for xb, yb in loader:
+                seen.append(int((xb[:, :1] * 1e4).sum()))
+                run.backward(nn.functional.mse_loss(model(xb), yb))
+                run.step(opt)
+                if run.global_step % 3 == 0 or run.global_step >= 14:
+                    break
+            if run.global_step == save_at:
+                run.save()
+                break
+        return {k: v.clone() for k, v in model.state_dict().items()}, seen
+
+
+def test_a_loader_entered_again_after_break_goes_on_and_resumes_alike(tmp_path: Path) -> None:
+    straight, order = _while_run(None, save_at=None)
+    assert len(set(order[:5])) == 5  # the first pass's 5 batches, not its first 3 again
+    _, before = _while_run(tmp_path, save_at=6)
+    resumed, after = _while_run(tmp_path, save_at=None)
     assert before + after == order
     assert max_abs_diff(resumed, straight) == 0.0

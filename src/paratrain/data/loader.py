@@ -122,7 +122,8 @@ class Position:
     """True once that pass ran to its end."""
     running: bool = True
     """True while that pass is being iterated, or when it was left before its end (``break``)
-    after the run stepped on its batches: a resume continues it after the samples consumed.
+    after the run stepped on its batches: the next pass of the epoch, and a resume, continue it
+    after the samples consumed.
     A pass left before any step (a peek: ``next(iter(loader))``) is over: the next pass of the
     same epoch starts that epoch's order from the beginning, as torch's DistributedSampler does."""
 
@@ -183,12 +184,14 @@ class DeviceLoader(Generic[T]):
 
     @property
     def left_after_steps(self) -> bool:
-        """The current epoch's pass was left before its end (``break``) after the run stepped
-        on its batches: ``for x, y in loader: ...; if run.global_step == n: break``."""
+        """The current epoch's pass (or a later one shuffled as the next epoch) was left before
+        its end (``break``) after the run stepped on its batches: ``for x, y in loader: ...; if
+        run.global_step == n: break``. The next pass of the same epoch, and a resume, continue
+        it after those batches."""
         return (
             not self.in_progress
             and not self.position.finished
-            and self.position.epoch == self.hooks.current_epoch()
+            and self.position.epoch >= self.hooks.current_epoch()
             and self._pass_steps > 0
         )
 
@@ -228,6 +231,8 @@ class DeviceLoader(Generic[T]):
                 return restored.epoch, self._size()
         if last.epoch >= run_epoch and last.finished:
             return last.epoch + 1, 0  # another full pass in one epoch: shuffled as the next
+        if last.epoch >= run_epoch and self.stream is None and self.left_after_steps:
+            return last.epoch, last.samples  # left with `break` after steps: go on after them
         if last.epoch >= run_epoch:
             return last.epoch, 0  # a pass left early (a peek, `next(iter(...))`) starts over
         return run_epoch, 0
@@ -292,9 +297,10 @@ class DeviceLoader(Generic[T]):
         self.hooks.on_pass_start(self)
         if not self.train:
             return self._iterate(self.hooks.current_epoch(), 0)
+        going_on = self.stream is None and self.left_after_steps
         epoch, start = self._next_pass()
         restored, self._restored = self._restored, None
-        if restored is None and self.position.epoch >= self.hooks.current_epoch():
+        if restored is None and not going_on and self.position.epoch >= self.hooks.current_epoch():
             self._warn_second_pass(epoch, abandoned=not self.position.finished)
         if self.stream is not None:
             return self._stream_pass(epoch, restored)
