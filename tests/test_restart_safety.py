@@ -286,3 +286,25 @@ def test_a_loader_entered_again_after_break_goes_on_and_resumes_alike(tmp_path: 
     resumed, after = _while_run(tmp_path, save_at=None)
     assert before + after == order
     assert max_abs_diff(resumed, straight) == 0.0
+
+
+def test_a_break_after_the_last_batch_ends_the_pass() -> None:
+    """``if step == max_steps: break`` on a pass's last batch (HF's ``run_clm_no_trainer``):
+    the pass is over, so ``len(loader)`` after it is a whole pass and the next epoch trains one
+    (it went on after the last batch: an empty pass, and ``x / len(loader)`` divided by 0)."""
+    x = torch.randn(40, 6, generator=torch.Generator().manual_seed(1))
+    with pt.Run(strategy="cpu", progress=False, seed=0) as run:
+        net = nn.Linear(6, 1)
+        model, opt = run.setup(net, torch.optim.SGD(net.parameters(), lr=0.01))
+        loader = run.loader(TensorDataset(x), batch_size=8, shuffle=True)
+        per_epoch = []
+        for _epoch in run.epochs(3):
+            batches = 0
+            for (xb,) in loader:
+                run.backward(model(xb).square().mean())
+                run.step(opt)
+                batches += 1
+                if batches == 5:
+                    break
+            per_epoch.append((batches, len(loader)))
+    assert per_epoch == [(5, 5)] * 3

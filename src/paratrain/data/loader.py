@@ -392,6 +392,7 @@ class DeviceLoader(Generic[T]):
         batch_size = self.loader.batch_size or 1
         non_blocking = bool(self.loader.pin_memory) and self.device.type == "cuda"
         self.in_progress = True
+        batches = 0
         try:
             iterator = iter(self.loader)
             if self.stream is not None:  # the workers have their copies: a resume is for one pass
@@ -417,6 +418,7 @@ class DeviceLoader(Generic[T]):
                     faults.emit("eval_batch")
                 with record_function("paratrain: batch to device"):
                     moved = to_device(batch, self.device, non_blocking=non_blocking)
+                batches += 1
                 yield moved
             if self.train:
                 self.position.finished = True
@@ -424,6 +426,10 @@ class DeviceLoader(Generic[T]):
             self.in_progress = False
             if self.train:  # `next(iter(loader))` ends its pass before the step: none counted
                 self._pass_steps = self.hooks.current_step() - self._pass_first_step
+                if self.pass_length is not None and batches >= self.pass_length:
+                    # Left with `break` after its last batch: the pass has ended all the same
+                    # (the next one is a whole pass, and len() says so).
+                    self.position.finished = True
             if sharded is not None:
                 sharded.set_start(0)
 
