@@ -370,6 +370,8 @@ EXCERPTS = [
         ("PT009", "checkpoint = torch.load(args.resume)"),
         ("PT008", "checkpoint = torch.load(args.resume, map_location=loc)"),
         ("PT016", "print('using CPU, this will be slow')"),
+        # save_checkpoint(state) writes the DDP model's own state_dict: `module.` keys
+        ("PT006", "'state_dict': model.state_dict(),"),
     ),
     # LOCAL_RANK everywhere, the inner module's weights saved on local rank 0, set_epoch on the
     # loader's sampler: only the load misses weights_only.

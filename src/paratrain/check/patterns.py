@@ -1,13 +1,21 @@
-"""What the rules recognise in one parsed script: torch call names, rank variables, rank guards.
+"""What the rules know about one parsed script: names, values, functions and who calls them.
 
     facts = module_facts(tree)
     facts.qualname(call.func)   # "torch.nn.parallel.DistributedDataParallel" for DDP(...)
-    facts.is_global_rank(expr)  # dist.get_rank(), int(os.environ["RANK"]) or a name set from them
-    facts.main_only(node)       # True under `if rank == 0:` or after `if rank != 0: return`
+    facts.values(node)          # the expressions `node` may hold, followed through names
+    facts.function_of(call)     # the FunctionDef a call runs (this file or a sibling module)
+    facts.references(func)     # every place that calls or names that function
+    facts.main_only(node)       # True under any rank-0 guard (see paratrain.check.guards)
 
-Only one module is read: every simple assignment of a name anywhere in it counts as one of the
-name's origins; calls into other files are not followed. Rules flag a name only when all of its
+Names are keyed by their dotted text (``rank``, ``self.rank``, ``args.rank``) over the whole
+module: every assignment, walrus, loop target or tuple unpacking of a name is one of its
+*origins*. :meth:`ModuleFacts.values` follows those origins through plain aliases
+(``m = model``), function parameters (to the arguments of every call in the file) and calls of
+the file's own functions (to what they return). Rules flag a value only when all of its
 origins agree, which keeps false positives rare at the price of missing some mistakes.
+
+When a folder is checked, the scripts in one folder are *siblings*: ``from engine import
+train_one_epoch`` or ``utils.is_main_process()`` resolve to the sibling's function.
 """
 
 from __future__ import annotations
@@ -17,6 +25,18 @@ import functools
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
+
+from paratrain.check import guards
+from paratrain.check.syntax import (
+    dotted,
+    env_key,
+    has_star_kwargs,
+    is_const,
+    keyword,
+    last_name,
+    method,
+    own_nodes,
+)
 
 # Names tutorials use without showing the import; used only when the script binds none of them.
 USUAL_ALIASES = {
@@ -29,77 +49,45 @@ USUAL_ALIASES = {
     "DataLoader": "torch.utils.data.DataLoader",
     "SummaryWriter": "torch.utils.tensorboard.SummaryWriter",
 }
-MAIN_NAMES = {
-    "is_main", "is_main_process", "main_process", "is_master", "master_process", "master",
-    "is_master_process", "is_rank_zero", "is_rank0", "rank_zero", "rank0", "is_global_zero",
-    "is_local_main_process", "is_world_process_zero", "is_local_process_zero",
+FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
+SETUP_HELPERS = {
+    "init_distributed_mode", "init_distributed", "setup_distributed", "ddp_setup", "setup_ddp",
+    "init_dist", "setup_for_distributed",
 }  # fmt: skip
-RANK_ENV = {"RANK", "LOCAL_RANK"}
-READ_ENV = ("os.environ.get", "os.getenv")
+__all__ = [
+    "FUNCTIONS", "LoopTarget", "ModuleFacts", "Opaque", "Param", "dotted", "env_key",
+    "has_star_kwargs", "is_const", "keyword", "last_name", "method", "module_facts", "own_nodes",
+]  # fmt: skip
+Function = ast.FunctionDef | ast.AsyncFunctionDef
 
 
 @dataclass(frozen=True, slots=True)
 class LoopTarget:
     """The name is bound by ``for ... in iterable`` (``unpacked``: as part of a tuple the item
     is unpacked into; ``for i, (x, y) in enumerate(it)`` unpacks the item, ``for i, b in ...``
-    does not)."""
+    does not; ``items``: the values of ``for k, v in d.items()``)."""
 
     iterable: ast.expr
     unpacked: bool
+    items: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class Opaque:
-    """The name is bound in a way the rules do not follow (parameter, ``with``, unpacking)."""
+    """The name is bound in a way the rules do not follow (``with``, ``+=``, unpacking)."""
 
 
-Origin = ast.expr | LoopTarget | Opaque
+@dataclass(frozen=True, slots=True)
+class Param:
+    """The name is a parameter of ``function``: its values are the arguments callers pass."""
+
+    function: Function
+    name: str
+    index: int
+    """Position among the positional parameters (``self`` counts), -1 for keyword-only."""
 
 
-def dotted(node: ast.AST) -> str | None:
-    """``a.b.c`` for a chain of attributes on a name, else None."""
-    parts: list[str] = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return None
-    parts.append(node.id)
-    return ".".join(reversed(parts))
-
-
-def last_name(node: ast.AST) -> str:
-    """The last component of a dotted name (``rank`` for ``self.rank``), or ``""``."""
-    text = dotted(node)
-    return text.rsplit(".", 1)[-1] if text else ""
-
-
-def keyword(call: ast.Call, name: str) -> ast.expr | None:
-    """The value of keyword argument ``name`` of ``call``, or None."""
-    return next((k.value for k in call.keywords if k.arg == name), None)
-
-
-def has_star_kwargs(call: ast.Call) -> bool:
-    """``f(**options)``: any keyword may be inside."""
-    return any(k.arg is None for k in call.keywords)
-
-
-def is_const(node: ast.AST | None, value: object) -> bool:
-    """``node`` is the literal ``value`` (``True`` is not ``1``)."""
-    return (
-        isinstance(node, ast.Constant) and type(node.value) is type(value) and node.value == value
-    )
-
-
-def own_nodes(scope: ast.AST) -> Iterator[ast.AST]:
-    """The nodes of ``scope`` without descending into nested functions, classes or lambdas."""
-    nested = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
-    stack = list(ast.iter_child_nodes(scope))
-    while stack:
-        node = stack.pop()
-        yield node
-        if not isinstance(node, nested):
-            stack.extend(ast.iter_child_nodes(node))
+Origin = ast.expr | LoopTarget | Opaque | Param
 
 
 def _imports(tree: ast.Module) -> dict[str, str]:
@@ -112,23 +100,28 @@ def _imports(tree: ast.Module) -> dict[str, str]:
                 else:
                     top = a.name.split(".")[0]
                     aliases[top] = top
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        elif isinstance(node, ast.ImportFrom) and node.module:
             for a in node.names:
                 aliases[a.asname or a.name] = f"{node.module}.{a.name}"
     return aliases
 
 
 class ModuleFacts:
-    """Imports, parents and name origins of one module, computed once per tree."""
+    """Imports, parents, name origins and functions of one module, computed once per tree."""
 
     def __init__(self, tree: ast.Module) -> None:
         self.tree = tree
         self.aliases = _imports(tree)
+        self.siblings: dict[str, ModuleFacts] = {}
+        """Modules of the same folder by name (``engine`` for engine.py), set by the engine."""
         self.nodes: list[ast.AST] = [tree]
         """Every node, in ``ast.walk`` order (walked once, shared by the rules)."""
         self.parents: dict[ast.AST, ast.AST] = {}
         self.origins: dict[str, list[Origin]] = defaultdict(list)
+        self.functions: dict[str, list[Function]] = defaultdict(list)
+        """Functions and methods of this module by name."""
         self._calls: list[tuple[ast.Call, str]] = []
+        self._mentions: dict[str, list[ast.AST]] = defaultdict(list)
         for node in self.nodes:  # grows as it goes: breadth first, as ast.walk
             for child in ast.iter_child_nodes(node):
                 self.parents[child] = node
@@ -136,7 +129,14 @@ class ModuleFacts:
             self._collect(node)
             if isinstance(node, ast.Call):
                 self._calls.append((node, self.qualname(node.func)))
+            elif isinstance(node, ast.Name):
+                self._mentions[node.id].append(node)
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                self._mentions["." + node.attr].append(node)
+        self._values: dict[int, list[Origin]] = {}
+        self.guards = guards.Guards(self)
 
+    # -- bindings ------------------------------------------------------------------------
     def _bind(self, target: ast.AST, origin: Origin) -> None:
         key = dotted(target)
         if key is not None:
@@ -161,21 +161,45 @@ class ModuleFacts:
         elif isinstance(node, ast.AugAssign):
             self._bind(node.target, Opaque())
         elif isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
-            target = node.target
-            counted = (
-                isinstance(node.iter, ast.Call) and self.qualname(node.iter.func) == "enumerate"
-            )
-            if counted and isinstance(target, (ast.Tuple, ast.List)) and len(target.elts) == 2:
-                # `for i, batch in enumerate(loader)`: a counter, then the whole item
-                self._bind(target.elts[0], Opaque())
-                target = target.elts[1]
-            unpacked = isinstance(target, (ast.Tuple, ast.List))
-            self._bind(target, LoopTarget(node.iter, unpacked))
+            self._bind_loop(node)
         elif isinstance(node, ast.withitem) and node.optional_vars is not None:
             self._bind(node.optional_vars, Opaque())
-        elif isinstance(node, ast.arg):
-            self.origins[node.arg].append(Opaque())
+        elif isinstance(node, FUNCTIONS):
+            self.functions[node.name].append(node)
+            self._bind_params(node)
+        elif isinstance(node, ast.Lambda):
+            for a in (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs):
+                self.origins[a.arg].append(Opaque())
 
+    def _bind_loop(self, node: ast.For | ast.AsyncFor | ast.comprehension) -> None:
+        target = node.target
+        counted = isinstance(node.iter, ast.Call) and self.qualname(node.iter.func) == "enumerate"
+        if counted and isinstance(target, (ast.Tuple, ast.List)) and len(target.elts) == 2:
+            # `for i, batch in enumerate(loader)`: a counter, then the whole item
+            self._bind(target.elts[0], Opaque())
+            target = target.elts[1]
+        if method(node.iter) == "items" and isinstance(target, (ast.Tuple, ast.List)):
+            # `for k, v in batch.items()`: the values of a batch dict
+            owner = node.iter.func.value  # type: ignore[attr-defined]
+            if len(target.elts) == 2:
+                self._bind(target.elts[0], Opaque())
+                self._bind(target.elts[1], LoopTarget(owner, unpacked=True, items=True))
+                return
+        unpacked = isinstance(target, (ast.Tuple, ast.List))
+        self._bind(target, LoopTarget(node.iter, unpacked))
+
+    def _bind_params(self, func: Function) -> None:
+        args = func.args
+        positional = [*args.posonlyargs, *args.args]
+        for i, a in enumerate(positional):
+            self.origins[a.arg].append(Param(func, a.arg, i))
+        for a in args.kwonlyargs:
+            self.origins[a.arg].append(Param(func, a.arg, -1))
+        for star in (args.vararg, args.kwarg):
+            if star is not None:
+                self.origins[star.arg].append(Opaque())
+
+    # -- names and calls -----------------------------------------------------------------
     def qualname(self, node: ast.AST) -> str:
         """The dotted name with its first part resolved through the imports, or ``""``."""
         text = dotted(node)
@@ -206,117 +230,181 @@ class ModuleFacts:
     def uses_distributed(self) -> bool:
         """The script imports torch.distributed or starts a process group."""
         imported = any(q.startswith("torch.distributed") for q in self.aliases.values())
-        return imported or any(q.endswith("init_process_group") for _, q in self.calls())
+        return imported or self.starts_group()
 
-    def is_global_rank(self, node: ast.AST) -> bool:
-        """``node`` is this process's global rank: wrong as a device index on several nodes."""
-        if self._reads_global_rank(node):
+    @functools.cached_property
+    def _starts_group(self) -> bool:
+        return any(q.endswith("init_process_group") for _, q in self.calls())
+
+    def starts_group(self) -> bool:
+        """``init_process_group`` is called in this script (or by a sibling's helper it calls,
+        e.g. ``utils.init_distributed_mode(args)``)."""
+        if self._starts_group:
             return True
-        key = dotted(node)
-        origins = self.origins.get(key, []) if key else []
-        return bool(origins) and all(
-            isinstance(o, ast.expr) and self._reads_global_rank(o) for o in origins
+        for call, _ in self.calls():
+            found = self.function_of(call)
+            if found is not None and found[0] is not self and found[0]._starts_group:
+                return True
+        return False
+
+    @functools.cached_property
+    def distributed(self) -> bool:
+        """Several processes train: the script starts a process group, itself, through a
+        sibling's helper, or through a helper of another module named for it
+        (``utils.init_distributed_mode(args)``)."""
+        if self.starts_group():
+            return True
+        return any(
+            last_name(call.func) in SETUP_HELPERS and self.function_of(call) is None
+            for call, _ in self.calls()
         )
 
-    def _reads_global_rank(self, node: ast.AST) -> bool:
-        if isinstance(node, ast.Call) and self.qualname(node.func) == "int" and node.args:
-            node = node.args[0]
-        if isinstance(node, ast.Call):
-            return (
-                self.qualname(node.func) == "torch.distributed.get_rank"
-                or _env_key(self, node) == "RANK"
-            )
-        return _env_key(self, node) == "RANK"
+    # -- functions -----------------------------------------------------------------------
+    def function_of(self, call: ast.Call) -> tuple[ModuleFacts, Function] | None:
+        """The function ``call`` runs, when this module or a sibling defines it: ``f(...)``,
+        ``self.f(...)``, ``utils.f(...)`` or ``f`` imported from a sibling."""
+        func = call.func
+        if isinstance(func, ast.Name):
+            own = self.functions.get(func.id)
+            if own:
+                return self, own[-1]
+            imported = self.aliases.get(func.id, "")
+            return self._sibling_function(imported)
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+            if func.value.id in ("self", "cls"):
+                own = self.functions.get(func.attr)
+                return (self, own[-1]) if own else None
+            module = self.aliases.get(func.value.id)
+            if module is not None:
+                return self._sibling_function(f"{module}.{func.attr}")
+        return None
+
+    def _sibling_function(self, qualified: str) -> tuple[ModuleFacts, Function] | None:
+        module, _, name = qualified.rpartition(".")
+        sibling = self.siblings.get(module.rsplit(".", 1)[-1]) if module else None
+        if sibling is None or sibling is self:
+            return None
+        found = sibling.functions.get(name)
+        return (sibling, found[-1]) if found else None
+
+    def references(self, func: Function) -> list[ast.AST]:
+        """Every ``f`` / ``self.f`` in this module naming ``func`` other than its definition:
+        calls, and references passed on (``mp.spawn(f)``, ``Thread(target=f)``)."""
+        named = [n for n in self._mentions.get(func.name, []) if isinstance(n.ctx, ast.Load)]  # type: ignore[attr-defined]
+        if isinstance(self.parents.get(func), ast.ClassDef):  # a method: self.f, trainer.f
+            named += self._mentions.get("." + func.name, [])
+        return named
+
+    def returns(self, func: Function) -> list[ast.expr | None]:
+        """The values ``func`` returns (None for a bare ``return`` or falling off the end)."""
+        found: list[ast.expr | None] = [
+            n.value for n in own_nodes(func) if isinstance(n, ast.Return)
+        ]
+        last = func.body[-1] if func.body else None
+        if not isinstance(last, (ast.Return, ast.Raise)):
+            found.append(None)
+        return found
+
+    def arguments(self, param: Param) -> list[ast.expr] | None:
+        """What callers in this module pass for ``param``; None when a caller cannot be read
+        (``f(*args)``, ``f(**kw)``, or ``f`` passed on as a value) or nobody calls it."""
+        passed: list[ast.expr] = []
+        func = param.function
+        bound_method = isinstance(self.parents.get(func), ast.ClassDef)
+        for ref in self.references(func):
+            call = self.parents.get(ref)
+            if not (isinstance(call, ast.Call) and call.func is ref):
+                return None
+            if any(isinstance(a, ast.Starred) for a in call.args) or has_star_kwargs(call):
+                return None
+            value = keyword(call, param.name)
+            index = param.index - (1 if bound_method and isinstance(ref, ast.Attribute) else 0)
+            if value is None and 0 <= index < len(call.args):
+                value = call.args[index]
+            if value is None:
+                defaults = _default(func, param)
+                if defaults is None:
+                    return None
+                value = defaults
+            passed.append(value)
+        return passed or None
+
+    # -- values --------------------------------------------------------------------------
+    def values(self, node: ast.AST, depth: int = 0) -> list[Origin]:
+        """What ``node`` may hold: itself when it is not a plain name; else its origins, each
+        followed through aliases (``m = model``), parameters (to the callers' arguments) and
+        calls of this module's functions (to their return values). An empty list: unknown."""
+        key = dotted(node)
+        if key is None:
+            if isinstance(node, ast.Call) and depth < 4:
+                found = self.function_of(node)
+                if found is not None and found[0] is self:
+                    rets = self.returns(found[1])
+                    if rets and all(r is not None for r in rets):
+                        return [v for r in rets if r is not None for v in self.values(r, depth + 1)]
+            return [node] if isinstance(node, ast.expr) else []
+        cached = self._values.get(id(node)) if depth == 0 else None
+        if cached is not None:
+            return cached
+        result: list[Origin] = []
+        for origin in self.origins.get(key, []):
+            result += self._follow(origin, depth)
+        if depth == 0:
+            self._values[id(node)] = result
+        return result
+
+    def _follow(self, origin: Origin, depth: int) -> list[Origin]:
+        if depth >= 4:
+            return [origin]
+        if isinstance(origin, Param):
+            passed = self.arguments(origin)
+            if passed is None:
+                return [Opaque()]
+            return [v for a in passed for v in self.values(a, depth + 1) or [Opaque()]]
+        if isinstance(origin, ast.expr) and (
+            dotted(origin) is not None or isinstance(origin, ast.Call)
+        ):
+            followed = self.values(origin, depth + 1)
+            return followed or [origin]
+        return [origin]
+
+    def values_of(self, key: str) -> list[Origin]:
+        """:meth:`values` of the name ``key`` (``"model"``, ``"self.model"``)."""
+        node = ast.parse(key, mode="eval").body
+        return self.values(node)
+
+    # -- guards (paratrain.check.guards) --------------------------------------------------
+    def is_global_rank(self, node: ast.AST) -> bool:
+        """``node`` is this process's global rank: wrong as a device index on several nodes."""
+        return self.guards.is_global_rank(node)
 
     def is_rank_like(self, node: ast.AST) -> bool:
         """A rank of some kind: a ``*rank*`` name, ``get_rank()``, ``$RANK``/``$LOCAL_RANK``."""
-        if isinstance(node, ast.Call) and self.qualname(node.func) == "int" and node.args:
-            node = node.args[0]
-        if isinstance(node, ast.Call):
-            name = last_name(node.func)
-            return name in ("get_rank", "get_local_rank", "get_global_rank") or (
-                _env_key(self, node) in RANK_ENV
-            )
-        return "rank" in last_name(node).lower() or _env_key(self, node) in RANK_ENV
+        return self.guards.is_rank_like(node)
 
     def main_test(self, test: ast.AST) -> bool | None:
         """True: the test holds only on the main process; False: only off it; None: unknown."""
-        if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-            inner = self.main_test(test.operand)
-            return None if inner is None else not inner
-        if isinstance(test, ast.BoolOp):
-            wanted = isinstance(test.op, ast.And)  # `rank == 0 and x`: still main only
-            if any(self.main_test(v) is wanted for v in test.values):
-                return wanted
-            return None
-        if isinstance(test, ast.Compare) and len(test.ops) == 1:
-            return self._rank_comparison(test.left, test.ops[0], test.comparators[0])
-        if isinstance(test, ast.Call):
-            test = test.func
-        return True if last_name(test) in MAIN_NAMES else None
-
-    def _rank_comparison(self, left: ast.expr, op: ast.cmpop, right: ast.expr) -> bool | None:
-        if isinstance(op, ast.In) and isinstance(right, (ast.List, ast.Tuple, ast.Set)):
-            # `local_rank in [-1, 0]`: the main process, or a run without distributed
-            values = [ast.literal_eval(e) if _is_number(e) else None for e in right.elts]
-            main = 0 in values and all(v in (0, -1) for v in values)
-            return True if main and self.is_rank_like(left) else None
-        if is_const(left, 0):
-            left, right = right, left
-            op = {ast.Lt: ast.Gt(), ast.Gt: ast.Lt()}.get(type(op), op)
-        if not (is_const(right, 0) and self.is_rank_like(left)):
-            return None
-        if isinstance(op, (ast.Eq, ast.Is)):
-            return True
-        return False if isinstance(op, (ast.NotEq, ast.Gt, ast.IsNot)) else None
+        return self.guards.main_test(test)
 
     def main_only(self, node: ast.AST) -> bool:
-        """``node`` runs on the main process only (under a rank test or after an early exit)."""
-        for child, parent in self.ancestors(node):
-            if isinstance(parent, (ast.If, ast.IfExp)):
-                main = self.main_test(parent.test)
-                in_body = (
-                    child in parent.body if isinstance(parent, ast.If) else (child is parent.body)
-                )
-                guarded = (main is True and in_body) or (main is False and not in_body)
-                if guarded and child is not parent.test:
-                    return True
-            for block in ("body", "orelse", "finalbody"):
-                siblings: list[ast.AST] = getattr(parent, block, None) or []
-                earlier = siblings[: siblings.index(child)] if child in siblings else []
-                if any(self._exits_off_main(s) for s in earlier):
-                    return True
-        return False
-
-    def _exits_off_main(self, stmt: ast.AST) -> bool:
-        """``if rank != 0: return`` (or continue, break, raise): what follows is main only."""
-        exits = (ast.Return, ast.Continue, ast.Break, ast.Raise)
-        return (
-            isinstance(stmt, ast.If)
-            and not stmt.orelse
-            and isinstance(stmt.body[-1], exits)
-            and self.main_test(stmt.test) is False
-        )
+        """``node`` runs on the main process only (see :meth:`guards.Guards.main_only`)."""
+        return self.guards.main_only(node)
 
 
-def _is_number(node: ast.expr) -> bool:
-    """``0`` or ``-1``: a literal int, negated or not."""
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        node = node.operand
-    return isinstance(node, ast.Constant) and type(node.value) is int
+def _default(func: Function, param: Param) -> ast.expr | None:
+    args = func.args
+    if param.index < 0:
+        names = [a.arg for a in args.kwonlyargs]
+        at = names.index(param.name) if param.name in names else -1
+        return args.kw_defaults[at] if at >= 0 else None
+    positional = [*args.posonlyargs, *args.args]
+    first_default = len(positional) - len(args.defaults)
+    if param.index >= first_default:
+        return args.defaults[param.index - first_default]
+    return None
 
 
-def _env_key(facts: ModuleFacts, node: ast.AST) -> str | None:
-    """``"RANK"`` for ``os.environ["RANK"]``, ``os.environ.get("RANK")``, ``os.getenv("RANK")``."""
-    key: ast.AST | None = None
-    if isinstance(node, ast.Subscript) and facts.qualname(node.value) == "os.environ":
-        key = node.slice
-    elif isinstance(node, ast.Call) and node.args and facts.qualname(node.func) in READ_ENV:
-        key = node.args[0]
-    return key.value if isinstance(key, ast.Constant) and isinstance(key.value, str) else None
-
-
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=64)
 def module_facts(tree: ast.Module) -> ModuleFacts:
     """The facts of ``tree``, shared by every rule that checks it."""
     return ModuleFacts(tree)

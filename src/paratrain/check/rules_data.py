@@ -10,28 +10,51 @@ import ast
 from collections.abc import Iterator, Sequence
 
 from paratrain.check.findings import Finding, rule
-from paratrain.check.patterns import ModuleFacts, dotted, is_const, keyword, module_facts
+from paratrain.check.patterns import (
+    FUNCTIONS,
+    ModuleFacts,
+    dotted,
+    is_const,
+    keyword,
+    method,
+    module_facts,
+)
 
-WRAPPERS = ("enumerate", "tqdm", "tqdm.tqdm", "iter")
+WRAPPERS = ("enumerate", "tqdm", "tqdm.tqdm", "iter", "tqdm.auto.tqdm", "zip", "islice")
 LOADER_API = "run.loader(dataset, batch_size=..., shuffle=True) with `for epoch in run.epochs(n)`"
+LOOPS = (ast.For, ast.AsyncFor, ast.While)
+
+
+def _is_sampler_call(facts: ModuleFacts, node: object) -> bool:
+    return isinstance(node, ast.Call) and facts.qualname(node.func).endswith("DistributedSampler")
 
 
 def _samplers(facts: ModuleFacts) -> Iterator[tuple[str, ast.Call]]:
-    """(name, call) for ``name = DistributedSampler(...)``."""
-    for call, qual in facts.calls():
-        parent = facts.parents.get(call)
-        if qual.endswith("DistributedSampler") and isinstance(parent, ast.Assign):
-            for target in parent.targets:
-                key = dotted(target)
-                if key is not None:
-                    yield key, call
+    """(name, call) for ``name = DistributedSampler(...)``, also through a helper that returns
+    one (``sampler = build_sampler(ds)``)."""
+    for node in facts.nodes:
+        if not isinstance(node, ast.Assign) or not isinstance(node.value, ast.Call):
+            continue
+        made = [v for v in facts.values(node.value) if _is_sampler_call(facts, v)]
+        if not made:
+            continue
+        for target in node.targets:
+            key = dotted(target)
+            if key is not None:
+                yield key, node.value
 
 
-def _passed_to_a_call(facts: ModuleFacts, key: str) -> bool:
-    for call, _ in facts.calls():
-        values = [*call.args, *(k.value for k in call.keywords)]
-        if any(dotted(v) == key for v in values):
-            return True
+def _used(facts: ModuleFacts, key: str) -> bool:
+    """``key`` is read other than as the owner of a method call (``sampler.set_epoch(e)``)."""
+    for node in facts.nodes:
+        if not isinstance(node, (ast.Name, ast.Attribute)) or dotted(node) != key:
+            continue
+        if not isinstance(getattr(node, "ctx", None), ast.Load):
+            continue
+        parent = facts.parents.get(node)
+        if isinstance(parent, ast.Attribute) and parent.value is node:
+            continue
+        return True
     return False
 
 
@@ -44,7 +67,7 @@ def sampler_unused(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
     """
     facts = module_facts(tree)
     for key, call in _samplers(facts):
-        if not _passed_to_a_call(facts, key):
+        if not _used(facts, key):
             yield Finding.at(
                 "PT003",
                 call,
@@ -55,20 +78,52 @@ def sampler_unused(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
             )
 
 
+def loader_keywords(facts: ModuleFacts, call: ast.Call) -> dict[str, ast.expr] | None:
+    """The keywords a DataLoader gets from ``call``: its own, those of a ``**options`` dict and
+    of a ``functools.partial(DataLoader, ...)`` it calls; None when ``call`` makes none."""
+    found: dict[str, ast.expr] = {}
+    target = call
+    if not facts.qualname(call.func).endswith("DataLoader"):
+        made = [v for v in facts.values(call.func) if isinstance(v, ast.Call)]
+        partial = [v for v in made if facts.qualname(v.func).endswith("partial") and v.args]
+        if not partial or not facts.qualname(partial[0].args[0]).endswith("DataLoader"):
+            return None
+        found.update(_keywords(facts, partial[0]))
+    found.update(_keywords(facts, target))
+    return found
+
+
+def _keywords(facts: ModuleFacts, call: ast.Call) -> dict[str, ast.expr]:
+    found: dict[str, ast.expr] = {}
+    for k in call.keywords:
+        if k.arg is not None:
+            found[k.arg] = k.value
+            continue
+        for value in facts.values(k.value):  # **options
+            if isinstance(value, ast.Dict):
+                for name, item in zip(value.keys, value.values, strict=True):
+                    if isinstance(name, ast.Constant) and isinstance(name.value, str):
+                        found.setdefault(name.value, item)
+            elif isinstance(value, ast.Call) and facts.qualname(value.func) == "dict":
+                found.update({kw.arg: kw.value for kw in value.keywords if kw.arg})
+    return found
+
+
 @rule("PT004", "shuffle-with-sampler", "a DataLoader gets both shuffle=True and a sampler")
 def shuffle_with_sampler(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
     """``DataLoader(ds, shuffle=True, sampler=sampler)``: torch refuses the pair.
 
-    DataLoader raises "sampler option is mutually exclusive with shuffle" when it is built.
+    DataLoader raises "sampler option is mutually exclusive with shuffle" when it is built. The
+    keywords may come through a ``**options`` dict or a ``functools.partial(DataLoader, ...)``.
     """
-    for call, qual in module_facts(tree).calls():
-        sampler = keyword(call, "sampler")
-        if (
-            qual.endswith("DataLoader")
-            and is_const(keyword(call, "shuffle"), True)
-            and sampler is not None
-            and not is_const(sampler, None)
-        ):
+    facts = module_facts(tree)
+    for call, _ in facts.calls():
+        given = loader_keywords(facts, call)
+        if given is None:
+            continue
+        sampler = given.get("sampler")
+        shuffles = is_const(given.get("shuffle"), True)
+        if shuffles and sampler is not None and not is_const(sampler, None):
             yield Finding.at(
                 "PT004",
                 call,
@@ -80,73 +135,97 @@ def shuffle_with_sampler(tree: ast.Module, lines: Sequence[str]) -> Iterator[Fin
             )
 
 
-def _loader_samplers(facts: ModuleFacts) -> dict[str, str]:
-    """loader name -> the name of its DistributedSampler (or ``loader.sampler`` when inline)."""
-    samplers = {key for key, _ in _samplers(facts)}
-    found: dict[str, str] = {}
-    for call, qual in facts.calls():
-        parent = facts.parents.get(call)
-        if not (qual.endswith("DataLoader") and isinstance(parent, ast.Assign)):
-            continue
-        sampler = keyword(call, "sampler")
-        for target in parent.targets:
-            key = dotted(target)
-            if key is None or sampler is None:
-                continue
-            if dotted(sampler) in samplers:
-                found[key] = dotted(sampler) or ""
-            elif isinstance(sampler, ast.Call) and facts.qualname(sampler.func).endswith(
-                "DistributedSampler"
-            ):
-                found[key] = f"{key}.sampler"
-    return found
-
-
-def _iterated(loop: ast.For) -> str | None:
-    iterable = loop.iter
-    if isinstance(iterable, ast.Call) and iterable.args and dotted(iterable.func) in WRAPPERS:
-        iterable = iterable.args[0]
-    return dotted(iterable)
-
-
-def _is_epoch_loop(facts: ModuleFacts, node: ast.AST) -> bool:
-    return (
-        isinstance(node, ast.For)
-        and isinstance(node.iter, ast.Call)
-        and facts.qualname(node.iter.func) == "range"
-        and isinstance(node.target, ast.Name)
+def _shuffling_sampler(facts: ModuleFacts, sampler: ast.expr | None) -> bool:
+    """A DistributedSampler that shuffles (``shuffle`` left out or ``True``)."""
+    if sampler is None:
+        return False
+    made = [v for v in facts.values(sampler) if _is_sampler_call(facts, v)]
+    return bool(made) and all(
+        keyword(c, "shuffle") is None or is_const(keyword(c, "shuffle"), True)
+        for c in made
+        if isinstance(c, ast.Call)
     )
+
+
+def _sharded_iterable(facts: ModuleFacts, loop: ast.For | ast.AsyncFor) -> bool:
+    """``for b in loader`` (or ``enumerate(tqdm(loader))``) over a DataLoader whose
+    DistributedSampler shuffles."""
+    iterable = loop.iter
+    while isinstance(iterable, ast.Call) and iterable.args:
+        if facts.qualname(iterable.func).endswith("DataLoader"):
+            break
+        if dotted(iterable.func) not in WRAPPERS and facts.qualname(iterable.func) not in WRAPPERS:
+            return False
+        iterable = iterable.args[0]
+    for value in facts.values(iterable):
+        if not isinstance(value, ast.Call):
+            continue
+        given = loader_keywords(facts, value)
+        if given is not None and _shuffling_sampler(facts, given.get("sampler")):
+            return True
+    return False
+
+
+def _epoch_loops(facts: ModuleFacts, node: ast.AST, depth: int = 0) -> list[ast.AST]:
+    """The loops that run ``node`` again and again: the outermost loop around it in its
+    function, or, when there is none, around the calls of that function (two levels up)."""
+    outermost: ast.AST | None = None
+    for _, parent in facts.ancestors(node):
+        if isinstance(parent, LOOPS):
+            outermost = parent
+        elif isinstance(parent, FUNCTIONS):
+            if outermost is not None or depth >= 2:
+                break
+            return [
+                loop
+                for ref in facts.references(parent)
+                for loop in _epoch_loops(facts, ref, depth + 1)
+            ]
+        elif isinstance(parent, (ast.Lambda, ast.ClassDef)):
+            break
+    return [outermost] if outermost is not None else []
+
+
+def _sets_epoch(facts: ModuleFacts, scope: ast.AST, depth: int = 0) -> bool:
+    """Some ``.set_epoch(...)`` runs in ``scope`` or in a function it calls (three deep)."""
+    for node in ast.walk(scope):
+        if not isinstance(node, ast.Call):
+            continue
+        if method(node) == "set_epoch":
+            return True
+        found = facts.function_of(node) if depth < 3 else None
+        if found is not None and _sets_epoch(found[0], found[1], depth + 1):
+            return True
+    return False
 
 
 @rule("PT005", "no-set-epoch", "the epoch loop never calls set_epoch on the DistributedSampler")
 def no_set_epoch(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
-    """``for epoch in range(n): for x, y in loader:`` without ``sampler.set_epoch(epoch)``.
+    """An epoch loop over a loader whose DistributedSampler shuffles, without
+    ``sampler.set_epoch(epoch)``.
 
-    DistributedSampler shuffles with a seed plus the epoch it was told; never told, every epoch
-    visits the samples in the same order.
+    DistributedSampler shuffles with its seed plus the epoch it was told; never told, it shuffles
+    every epoch into the same order. The loop may be a ``for``, a ``while`` or a ``trange``, and
+    the loader may be iterated in a helper the loop calls (``train_one_epoch(loader, ...)``).
+    A sampler made with ``shuffle=False`` needs no ``set_epoch``.
     """
     facts = module_facts(tree)
-    loaders = _loader_samplers(facts)
-    for epoch_loop in module_facts(tree).nodes:
-        if not _is_epoch_loop(facts, epoch_loop):
+    reported: set[int] = set()
+    for loop in facts.nodes:
+        if not isinstance(loop, (ast.For, ast.AsyncFor)) or not _sharded_iterable(facts, loop):
             continue
-        if any(_is_epoch_loop(facts, up) for _, up in facts.ancestors(epoch_loop)):
-            continue  # an inner range loop: the outermost one is the epoch loop
-        inner = [n for n in ast.walk(epoch_loop) if isinstance(n, ast.For) and n is not epoch_loop]
-        used = {loaders[k] for k in map(_iterated, inner) if k is not None and k in loaders}
-        called = {
-            dotted(n.func.value)
-            for n in ast.walk(epoch_loop)
-            if isinstance(n, ast.Call)
-            and isinstance(n.func, ast.Attribute)
-            and n.func.attr == "set_epoch"
-        }
-        for sampler in sorted(used - called):
+        for epoch_loop in _epoch_loops(facts, loop):
+            if id(epoch_loop) in reported or _sets_epoch(facts, epoch_loop):
+                continue
+            if _sets_epoch(facts, facts.scope_of(loop)) and facts.scope_of(loop) is not tree:
+                continue  # the function that walks the loader tells the sampler itself
+            reported.add(id(epoch_loop))
             yield Finding.at(
                 "PT005",
                 epoch_loop,
-                message=f"`{sampler}.set_epoch(...)` is never called in this epoch loop: the "
-                "DistributedSampler shuffles every epoch into the same order",
-                fix=f"call {sampler}.set_epoch(epoch) first thing in each epoch",
+                message="this epoch loop never calls `set_epoch(epoch)` on the loader's "
+                "DistributedSampler: every epoch visits the samples in the same shuffled order",
+                fix="call sampler.set_epoch(epoch) (or loader.sampler.set_epoch(epoch)) first "
+                "thing in each epoch",
                 api=LOADER_API,
             )

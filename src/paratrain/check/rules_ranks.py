@@ -29,12 +29,20 @@ COLLECTIVES = {
 
 
 def _training_scopes(facts: ModuleFacts) -> set[ast.AST]:
-    """Functions (or the module) that start the process group, wrap in DDP or call backward."""
+    """Functions (or the module) that start the process group, wrap in DDP or call backward,
+    and every function of this module they call (a helper every rank runs)."""
     scopes: set[ast.AST] = set()
     for call, qual in facts.calls():
         method = call.func.attr if isinstance(call.func, ast.Attribute) else ""
         if qual.endswith(("init_process_group", "DistributedDataParallel")) or method == "backward":
             scopes.add(facts.scope_of(call))
+    stack = list(scopes)
+    while stack:
+        for node in own_nodes(stack.pop()):
+            found = facts.function_of(node) if isinstance(node, ast.Call) else None
+            if found is not None and found[0] is facts and found[1] not in scopes:
+                scopes.add(found[1])
+                stack.append(found[1])
     return scopes
 
 
@@ -51,7 +59,7 @@ def every_rank_writes(tree: ast.Module, lines: Sequence[str]) -> Iterator[Findin
     TensorBoard log each, with world-size copies of every curve.
     """
     facts = module_facts(tree)
-    if not any(q.endswith("init_process_group") for _, q in facts.calls()):
+    if not facts.distributed:
         return
     for scope in _training_scopes(facts):
         for node in own_nodes(scope):
@@ -96,6 +104,25 @@ def _collective_name(facts: ModuleFacts, node: ast.AST) -> str | None:
     return None
 
 
+def _matched_off_main(facts: ModuleFacts, node: ast.AST, name: str) -> bool:
+    """The same function calls the same collective where only the other ranks run: the
+    ``torch_distributed_zero_first`` shape (the others wait at a barrier before the work, rank
+    0 joins them after it)."""
+    scope = facts.scope_of(node)
+    for other in own_nodes(scope):
+        if other is node or _collective_name(facts, other) != name:
+            continue
+        for child, parent in facts.ancestors(other):
+            if parent is scope:
+                break
+            if isinstance(parent, ast.If) and child is not parent.test:
+                main = facts.main_test(parent.test)
+                in_body = child in parent.body
+                if (main is False and in_body) or (main is True and not in_body):
+                    return True
+    return False
+
+
 @rule("PT011", "collective-on-one-rank", "a collective that only the main process calls")
 def collective_on_one_rank(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
     """``if rank == 0: dist.all_reduce(t)``: the main process waits for ranks that never come.
@@ -115,6 +142,8 @@ def collective_on_one_rank(tree: ast.Module, lines: Sequence[str]) -> Iterator[F
             other = branch.orelse if in_body else branch.body
             if any(_collective_name(facts, n) == name for s in other for n in ast.walk(s)):
                 continue
+        if _matched_off_main(facts, node, name):
+            continue
         yield Finding.at(
             "PT011",
             node,
@@ -139,7 +168,7 @@ def every_rank_prints(tree: ast.Module, lines: Sequence[str]) -> Iterator[Findin
     (``print(f"rank {rank} ...")``) is taken as meant per rank and left alone.
     """
     facts = module_facts(tree)
-    if not any(q.endswith("init_process_group") for _, q in facts.calls()):
+    if not facts.distributed or facts.guards.prints_replaced():
         return
     for scope in _training_scopes(facts):
         for node in own_nodes(scope):
@@ -173,8 +202,7 @@ def _sharded_loader(facts: ModuleFacts, iterable: ast.expr) -> bool:
         if not iterable.args:
             return False
         iterable = iterable.args[0]
-    key = dotted(iterable)
-    origins = facts.origins.get(key, []) if key else [iterable]
+    origins = facts.values(iterable)
     return bool(origins) and all(
         isinstance(o, ast.Call)
         and facts.qualname(o.func).endswith("DataLoader")
@@ -187,8 +215,7 @@ def _distributed_sampler(facts: ModuleFacts, sampler: ast.expr | None) -> bool:
     """``DistributedSampler(...)``, or a name bound to one (on some path)."""
     if sampler is None:
         return False
-    key = dotted(sampler)
-    origins = facts.origins.get(key, []) if key else [sampler]
+    origins = facts.values(sampler)
     return any(
         isinstance(o, ast.Call) and facts.qualname(o.func).endswith("DistributedSampler")
         for o in origins
@@ -256,8 +283,7 @@ def metric_from_one_rank(tree: ast.Module, lines: Sequence[str]) -> Iterator[Fin
     number rank 0 reports is the accuracy (or loss) of 1/world-size of the data.
     """
     facts = module_facts(tree)
-    distributed = any(q.endswith("init_process_group") for _, q in facts.calls())
-    if not distributed or _combines_anything(facts):
+    if not facts.distributed or _combines_anything(facts):
         return
     for call, _ in facts.calls():
         if not (_is_report(facts, call) and facts.main_only(call)):

@@ -13,9 +13,10 @@ from collections.abc import Iterator, Sequence
 from paratrain.check.findings import Finding, rule
 from paratrain.check.patterns import ModuleFacts, dotted, has_star_kwargs, keyword, module_facts
 
-WRAPPERS = ("DistributedDataParallel", ".DataParallel")
+WRAPPERS = ("DistributedDataParallel", ".DataParallel", "FullyShardedDataParallel")
 SELF_RETURNING = {"to", "cuda", "cpu", "train", "eval", "half", "float", "double", "bfloat16"}
 NOT_MODULES = {"Parameter", "Buffer"}
+MODULE_METHODS = {"parameters", "named_parameters", "train", "eval", "modules", "children"}
 TYPE_TESTS = ("isinstance", "hasattr")
 
 
@@ -49,24 +50,44 @@ def wrapped_state_dict(tree: ast.Module, lines: Sequence[str]) -> Iterator[Findi
     "Unexpected key(s) in state_dict: module.…".
     """
     facts = module_facts(tree)
+    reported: set[int] = set()
     for save in _saves(facts):
-        for node in ast.walk(save.args[0]):
+        for node in _saved_parts(facts, save.args[0]):
             func = node.func if isinstance(node, ast.Call) else None
             if not (isinstance(func, ast.Attribute) and func.attr == "state_dict"):
                 continue
             key = dotted(func.value)
-            origins = facts.origins.get(key, []) if key else []
-            wrapped = any(_is_wrapper(facts, o) for o in origins)
-            if key and wrapped and not _type_tested(facts, save, key):
-                yield Finding.at(
-                    "PT006",
-                    node,
-                    message=f"`{key}` is a DDP/DataParallel wrapper: every saved key starts "
-                    "with `module.` and load_state_dict on the plain model fails "
-                    "(Unexpected key(s) in state_dict)",
-                    fix=f"save the wrapped model's own weights: {key}.module.state_dict()",
-                    api="run.save_weights(model, path)",
-                )
+            wrapped = key is not None and any(
+                _is_wrapper(facts, o) for o in facts.values(func.value)
+            )
+            if not wrapped or id(node) in reported or _type_tested(facts, save, key or ""):
+                continue
+            reported.add(id(node))
+            yield Finding.at(
+                "PT006",
+                node,
+                message=f"`{key}` is a DDP/DataParallel wrapper: every saved key starts "
+                "with `module.` and load_state_dict on the plain model fails "
+                "(Unexpected key(s) in state_dict)",
+                fix=f"save the wrapped model's own weights: {key}.module.state_dict()",
+                api="run.save_weights(model, path)",
+            )
+
+
+def _saved_parts(facts: ModuleFacts, saved: ast.expr, depth: int = 0) -> Iterator[ast.AST]:
+    """Every node of what is saved, following names to what they were set from
+    (``sd = model.state_dict(); torch.save(sd, p)``, ``ckpt = {"model": sd}``)."""
+    for node in ast.walk(saved):
+        yield node
+        if depth < 3 and isinstance(node, (ast.Name, ast.Attribute)) and dotted(node):
+            parent = facts.parents.get(node)
+            if isinstance(parent, ast.Attribute) or (
+                isinstance(parent, ast.Call) and parent.func is node
+            ):
+                continue
+            for value in facts.values(node):
+                if isinstance(value, ast.expr) and value is not node:
+                    yield from _saved_parts(facts, value, depth + 1)
 
 
 def _module_classes(facts: ModuleFacts) -> set[str]:
@@ -119,6 +140,57 @@ def _module_like(facts: ModuleFacts, origin: object, key: str | None, classes: s
     return _makes_module(facts, origin, classes) or _is_wrapper(facts, origin)
 
 
+def _wrapped_module(facts: ModuleFacts, node: ast.expr) -> bool:
+    """``ddp_model.module``: the model inside a DDP/DataParallel wrapper."""
+    return (
+        isinstance(node, ast.Attribute)
+        and node.attr == "module"
+        and any(_is_wrapper(facts, o) for o in facts.values(node.value))
+    )
+
+
+def _used_as_module(facts: ModuleFacts, key: str) -> bool:
+    """``key.parameters()``, ``key.train()``, ``DDP(key)``: only a module is used so."""
+    for call, qual in facts.calls():
+        owner = call.func.value if isinstance(call.func, ast.Attribute) else None
+        if owner is not None and call.func.attr in MODULE_METHODS and dotted(owner) == key:  # type: ignore[attr-defined]
+            return True
+        if qual.endswith(WRAPPERS) and call.args and dotted(call.args[0]) == key:
+            return True
+    return False
+
+
+def _built_elsewhere(facts: ModuleFacts, origin: object) -> bool:
+    """``Net(...)`` / ``GPT.from_pretrained(...)`` of a class imported from outside torch (the
+    project's own ``models`` module, a model library)."""
+    if not isinstance(origin, ast.Call):
+        return False
+    func = _unchained(origin).func
+    if isinstance(func, ast.Attribute) and func.attr.startswith("from_"):
+        func = func.value
+    qual = facts.qualname(func)
+    head = dotted(func) or ""
+    return (
+        head.split(".")[0] in facts.aliases
+        and not qual.startswith("torch.")
+        and qual.rsplit(".", 1)[-1][:1].isupper()
+    )
+
+
+def _whole_module(facts: ModuleFacts, saved: ast.expr, classes: set[str]) -> bool:
+    key = dotted(saved)
+    origins = facts.values(saved) if key else []
+    if not origins:
+        return _unbound_model(facts, saved)
+    made = [o for o in origins if isinstance(o, ast.Call) and _makes_module(facts, o, classes)]
+    if made and all(_module_like(facts, o, key, classes) for o in origins):
+        return True
+    used = key is not None and _used_as_module(facts, key)
+    return used and all(
+        _built_elsewhere(facts, o) or _module_like(facts, o, key, classes) for o in origins
+    )
+
+
 def _unbound_model(facts: ModuleFacts, node: ast.expr) -> bool:
     """A ``model`` (``*model``) name the file never binds nor imports: a tutorial's fragment."""
     if not (isinstance(node, ast.Name) and node.id.lower().endswith("model")):
@@ -138,21 +210,19 @@ def pickled_module(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
     facts = module_facts(tree)
     classes = _module_classes(facts)
     for save in _saves(facts):
-        key = dotted(save.args[0])
-        origins = facts.origins.get(key, []) if key else []
-        made = [o for o in origins if isinstance(o, ast.Call) and _makes_module(facts, o, classes)]
-        if (made and all(_module_like(facts, o, key, classes) for o in origins)) or (
-            not origins and _unbound_model(facts, save.args[0])
-        ):
-            yield Finding.at(
-                "PT007",
-                save,
-                message=f"`{key}` is a whole nn.Module: the file pickles its class by import "
-                "path, loads only next to the same code, and torch >= 2.6 refuses it by default",
-                fix=f"torch.save({key}.state_dict(), path) and load with "
-                "model.load_state_dict(torch.load(path, weights_only=True))",
-                api="run.save_weights(model, path)",
-            )
+        saved = save.args[0]
+        key = dotted(saved)
+        if not (_wrapped_module(facts, saved) or _whole_module(facts, saved, classes)):
+            continue
+        yield Finding.at(
+            "PT007",
+            save,
+            message=f"`{key}` is a whole nn.Module: the file pickles its class by import "
+            "path, loads only next to the same code, and torch >= 2.6 refuses it by default",
+            fix=f"torch.save({key}.state_dict(), path) and load with "
+            "model.load_state_dict(torch.load(path, weights_only=True))",
+            api="run.save_weights(model, path)",
+        )
 
 
 def _loads(facts: ModuleFacts) -> Iterator[ast.Call]:
