@@ -10,13 +10,13 @@ import ast
 from collections.abc import Iterator, Sequence
 
 from paratrain.check.findings import Finding, rule
-from paratrain.check.patterns import dotted, module_facts
+from paratrain.check.patterns import dotted, keyword, module_facts
 
 CUDA_AMP = {
-    "torch.cuda.amp.autocast": 'torch.autocast("cuda", dtype=torch.bfloat16)',
-    "torch.cuda.amp.autocast_mode.autocast": 'torch.autocast("cuda", dtype=torch.bfloat16)',
-    "torch.cuda.amp.GradScaler": 'torch.amp.GradScaler("cuda")',
-    "torch.cuda.amp.grad_scaler.GradScaler": 'torch.amp.GradScaler("cuda")',
+    "torch.cuda.amp.autocast": "torch.autocast",
+    "torch.cuda.amp.autocast_mode.autocast": "torch.autocast",
+    "torch.cuda.amp.GradScaler": "torch.amp.GradScaler",
+    "torch.cuda.amp.grad_scaler.GradScaler": "torch.amp.GradScaler",
 }
 DATA_PARALLEL = {"torch.nn.DataParallel", "torch.nn.parallel.DataParallel"}
 CONVERT_SYNC_BN = {
@@ -35,13 +35,19 @@ def cuda_amp(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
     """
     for call, qual in module_facts(tree).calls():
         if qual in CUDA_AMP:
+            kept = ", ".join(ast.unparse(k) for k in call.keywords)
+            replacement = f'{CUDA_AMP[qual]}("cuda"{", " * bool(kept)}{kept})'
+            dtype = keyword(call, "dtype")
+            half = "autocast" in qual and (dtype is None or "bfloat16" not in ast.unparse(dtype))
+            note = " (float16, as before)" if half else ""
             yield Finding.at(
                 "PT012",
                 call,
                 message=f"{qual.rsplit('.', 1)[-1]} from torch.cuda.amp is deprecated since "
                 "torch 2.4 (a FutureWarning at every call) and will be removed",
-                fix=f"use {CUDA_AMP[qual]}",
-                api='pt.Run(precision="bf16") or "fp16" (autocast and loss scaling in run.step)',
+                fix=f"use {replacement}{note}",
+                api='pt.Run(precision="fp16") (autocast and loss scaling in run.step), or '
+                '"bf16" (no scaler needed)',
             )
 
 

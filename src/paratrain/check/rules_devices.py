@@ -10,7 +10,15 @@ import ast
 from collections.abc import Iterator, Sequence
 
 from paratrain.check.findings import Finding, rule
-from paratrain.check.patterns import LoopTarget, ModuleFacts, dotted, keyword, module_facts
+from paratrain.check.patterns import (
+    LoopTarget,
+    ModuleFacts,
+    dotted,
+    keyword,
+    last_name,
+    method,
+    module_facts,
+)
 
 DEVICE_CALLS = {"torch.cuda.set_device", "torch.device", "torch.cuda.device"}
 WRAPPERS = ("DistributedDataParallel", "FullyShardedDataParallel")
@@ -75,24 +83,35 @@ def rank_as_device(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
 
 def _from_loader(facts: ModuleFacts, iterable: ast.expr) -> bool:
     """``loader`` / ``enumerate(loader)`` where loader is a DataLoader (or named like one)."""
-    if isinstance(iterable, ast.Call) and facts.qualname(iterable.func) == "enumerate":
-        iterable = iterable.args[0] if iterable.args else iterable
+    while isinstance(iterable, ast.Call) and iterable.args and last_name(iterable.func) in (
+        "enumerate", "tqdm", "iter",
+    ):  # fmt: skip
+        iterable = iterable.args[0]
     key = dotted(iterable)
     if key is None:
         return False
-    built = [o for o in facts.origins.get(key, []) if isinstance(o, ast.Call)]
+    values = facts.values(iterable)
+    built = [o for o in values if isinstance(o, ast.Call)]
     if any(facts.qualname(o.func).endswith("DataLoader") for o in built):
         return True
     geometric = any(q.startswith("torch_geometric") for q in facts.aliases.values())
-    return not geometric and key.rsplit(".", 1)[-1].lower().endswith("loader")
+    names = [key, *(dotted(v) or "" for v in values if isinstance(v, ast.expr))]
+    return not geometric and any(n.rsplit(".", 1)[-1].lower().endswith("loader") for n in names)
 
 
-def _is_tensor(facts: ModuleFacts, key: str) -> bool:
-    """Every binding of ``key`` makes a tensor: a factory, a moved copy, a batch from a loader."""
-    origins = facts.origins.get(key, [])
+def _is_tensor(facts: ModuleFacts, node: ast.expr) -> bool:
+    """Every value of ``node`` is a tensor: a factory, a moved copy, a batch from a loader
+    (unpacked, or a value of ``batch.items()``), or what every caller passes for a parameter."""
+    key = dotted(node)
+    origins = facts.values(node)
 
     def tensor(origin: object) -> bool:
         if isinstance(origin, LoopTarget):
+            if origin.items:  # `for k, v in batch.items()` with `batch` from a loader
+                owners = facts.values(origin.iterable)
+                return bool(owners) and all(
+                    isinstance(o, LoopTarget) and _from_loader(facts, o.iterable) for o in owners
+                )
             return origin.unpacked and _from_loader(facts, origin.iterable)
         if not isinstance(origin, ast.Call):
             return False
@@ -120,7 +139,7 @@ def move_result_dropped(tree: ast.Module, lines: Sequence[str]) -> Iterator[Find
         if not (isinstance(func, ast.Attribute) and func.attr in MOVES):
             continue
         key = dotted(func.value)
-        if key is not None and _is_tensor(facts, key):
+        if key is not None and _is_tensor(facts, func.value):
             yield Finding.at(
                 "PT002",
                 node,
@@ -135,22 +154,52 @@ OTHER_BACKENDS = ("gloo", "mpi", "ucc")
 
 
 def _has_fallback(facts: ModuleFacts) -> bool:
-    """The script tests for a GPU, names a backend other than NCCL, or needs CUDA anyway.
+    """The script names a backend other than NCCL, or is GPU-only anyway.
 
-    A script that already calls ``torch.cuda.*``, ``.cuda()``, names a ``"cuda..."`` device or
-    passes ``device_ids`` is GPU-only by design: gloo would not make it run without GPUs.
+    GPU-only means it needs CUDA whatever the backend: it calls ``torch.cuda.set_device``,
+    ``.cuda()``, names a ``"cuda..."`` device or passes ``device_ids``, other than under a
+    ``torch.cuda.is_available()`` test. ``torch.cuda.manual_seed`` or ``empty_cache`` run
+    without GPUs and say nothing.
     """
     for node in facts.nodes:
+        needs_cuda = False
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
             text = node.value.lower()
-            if any(b in text for b in OTHER_BACKENDS) or text.startswith("cuda"):
+            if any(b in text for b in OTHER_BACKENDS):
                 return True
+            needs_cuda = text.startswith("cuda")
+        elif isinstance(node, ast.JoinedStr) and node.values:
+            head = node.values[0]
+            needs_cuda = isinstance(head, ast.Constant) and str(head.value).startswith("cuda")
         elif isinstance(node, ast.Call):
             qual = facts.qualname(node.func)
-            method = node.func.attr if isinstance(node.func, ast.Attribute) else ""
-            if qual.startswith("torch.cuda.") or method == "cuda":
-                return True
+            needs_cuda = qual == "torch.cuda.set_device" or method(node) == "cuda"
         elif isinstance(node, ast.keyword) and node.arg == "device_ids":
+            needs_cuda = True
+        if needs_cuda and not _tests_for_gpu(facts, node):
+            return True
+    return False
+
+
+def _tests_for_gpu(facts: ModuleFacts, node: ast.AST) -> bool:
+    """``node`` sits under ``if torch.cuda.is_available()`` (or ``device_count()``), either
+    branch, or in the value of a name chosen so (``use_cuda = ...``)."""
+    for _, parent in facts.ancestors(node):
+        if isinstance(parent, (ast.If, ast.IfExp, ast.While)) and _gpu_test(facts, parent.test):
+            return True
+    return False
+
+
+def _gpu_test(facts: ModuleFacts, test: ast.AST) -> bool:
+    for n in ast.walk(test):
+        if isinstance(n, ast.Call) and last_name(n.func) in ("is_available", "device_count"):
+            return True
+        if isinstance(n, (ast.Name, ast.Attribute)) and any(
+            isinstance(v, ast.expr) and v is not n and _gpu_test(facts, v)
+            for v in (facts.values(n) if dotted(n) else [])
+        ):
+            return True
+        if last_name(n) in ("use_cuda", "cuda", "has_cuda", "cuda_available", "use_gpu"):
             return True
     return False
 

@@ -239,8 +239,10 @@ def load_unsafe(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
     line refuses files holding anything but tensors and plain containers. An explicit
     ``weights_only=False`` is a decision and is not flagged.
     """
-    for call in _loads(module_facts(tree)):
-        if keyword(call, "weights_only") is None:
+    facts = module_facts(tree)
+    allowed = any(q.endswith("add_safe_globals") for _, q in facts.calls())
+    for call in _loads(facts):
+        if keyword(call, "weights_only") is None and not allowed and not _safe_globals(facts, call):
             yield Finding.at(
                 "PT008",
                 call,
@@ -249,6 +251,18 @@ def load_unsafe(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
                 fix="torch.load(path, map_location=..., weights_only=True)",
                 api="run.resume() (restores model, optimizer and loop state)",
             )
+
+
+def _safe_globals(facts: ModuleFacts, call: ast.Call) -> bool:
+    """Inside ``with torch.serialization.safe_globals([...]):``: a weights-only load is meant."""
+    for _, parent in facts.ancestors(call):
+        if isinstance(parent, (ast.With, ast.AsyncWith)) and any(
+            isinstance(i.context_expr, ast.Call)
+            and facts.qualname(i.context_expr.func).endswith("safe_globals")
+            for i in parent.items
+        ):
+            return True
+    return False
 
 
 def _in_memory(facts: ModuleFacts, call: ast.Call) -> bool:

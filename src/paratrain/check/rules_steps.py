@@ -10,18 +10,14 @@ import ast
 from collections.abc import Iterator, Sequence
 
 from paratrain.check.findings import Finding, rule
-from paratrain.check.patterns import ModuleFacts, dotted, keyword, last_name, module_facts
+from paratrain.check.patterns import ModuleFacts, dotted, keyword, last_name, method, module_facts
 
 FP16 = {"torch.float16", "torch.half"}
 
 
-def _method(call: ast.Call) -> str:
-    return call.func.attr if isinstance(call.func, ast.Attribute) else ""
-
-
 def _autocasts(facts: ModuleFacts) -> list[tuple[ast.Call, str]]:
     """Every autocast call: torch's, or any object's ``.autocast()`` (Accelerate, Fabric)."""
-    return [(c, q) for c, q in facts.calls() if q.endswith("autocast") or _method(c) == "autocast"]
+    return [(c, q) for c, q in facts.calls() if q.endswith("autocast") or method(c) == "autocast"]
 
 
 def _fp16_autocast(facts: ModuleFacts, call: ast.Call, qual: str) -> bool:
@@ -65,7 +61,7 @@ def scaler_autocast_mismatch(tree: ast.Module, lines: Sequence[str]) -> Iterator
     if not autocasts:
         for call, _ in facts.calls():
             if (
-                _method(call) == "scale"
+                method(call) == "scale"
                 and isinstance(call.func, ast.Attribute)
                 and _is_scaler(facts, call.func.value)
             ):
@@ -79,7 +75,7 @@ def scaler_autocast_mismatch(tree: ast.Module, lines: Sequence[str]) -> Iterator
                     api='pt.Run(precision="fp16") (autocast and loss scaling together)',
                 )
         return
-    backward = any(_method(c) == "backward" for c, _ in facts.calls())
+    backward = any(method(c) == "backward" for c, _ in facts.calls())
     if not backward or _mentions_scaler(facts):
         return
     for call, qual in autocasts:
@@ -138,20 +134,62 @@ def _accumulation_count(test: ast.AST, counters: set[str]) -> ast.expr | None:
     return None
 
 
-def _divides_by(facts: ModuleFacts, count: ast.expr) -> bool:
-    """Some division anywhere in the module by (an expression that uses) ``count``."""
-    wanted = _names(count) - {""}
-    for node in facts.nodes:
-        divisor: ast.expr | None = None
+def _divided(facts: ModuleFacts, value: ast.AST, wanted: set[str], depth: int = 0) -> bool:
+    """``value`` (a loss) is divided by an expression that uses ``wanted``: ``loss / N``,
+    ``loss * (1 / N)``, ``loss.div(N)``, or a name set so (``loss = loss / N``, ``loss /= N``,
+    ``loss = compute(...)`` whose return divides)."""
+    for node in ast.walk(value):
+        divisor: ast.AST | None = None
         if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Div, ast.FloorDiv)):
             divisor = node.right
-        elif isinstance(node, ast.AugAssign) and isinstance(node.op, (ast.Div, ast.FloorDiv)):
-            divisor = node.value
-        if divisor is None:
-            continue
-        if (wanted and _names(divisor) & wanted) or ast.dump(divisor) == ast.dump(count):
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+            divisor = node  # `loss * (1 / N)` or `loss * scale` with scale = 1 / N
+            if not any(
+                isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) for n in ast.walk(node)
+            ):
+                divisor = None
+        elif method(node) in ("div", "div_", "true_divide") and node.args:  # type: ignore[attr-defined]
+            divisor = node.args[0]  # type: ignore[attr-defined]
+        if divisor is not None and (not wanted or _names(divisor) & wanted):
+            return True
+        if depth < 3 and isinstance(node, (ast.Name, ast.Attribute)) and dotted(node):
+            key = dotted(node)
+            if _divided_in_place(facts, key or "", wanted):
+                return True
+            for v in facts.values(node):
+                if (
+                    isinstance(v, ast.expr)
+                    and v is not node
+                    and _divided(facts, v, wanted, depth + 1)
+                ):
+                    return True
+    return False
+
+
+def _is_division(node: ast.AST) -> bool:
+    return isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div)
+
+
+def _divided_in_place(facts: ModuleFacts, key: str, wanted: set[str]) -> bool:
+    """``loss /= N`` (or ``loss.div_(N)``) somewhere in the module."""
+    for node in facts.nodes:
+        if (
+            isinstance(node, ast.AugAssign)
+            and isinstance(node.op, (ast.Div, ast.FloorDiv))
+            and dotted(node.target) == key
+            and (not wanted or _names(node.value) & wanted)
+        ):
             return True
     return False
+
+
+def _loss_of(call: ast.Call) -> ast.AST:
+    """What ``call`` (a ``.backward()``) differentiates: ``loss`` of ``loss.backward()`` and of
+    ``scaler.scale(loss).backward()``."""
+    owner = call.func.value if isinstance(call.func, ast.Attribute) else call
+    if isinstance(owner, ast.Call) and method(owner) == "scale" and owner.args:
+        return owner.args[0]
+    return owner
 
 
 def _is_optimizer_step(call: ast.Call) -> bool:
@@ -181,7 +219,7 @@ def accumulation_not_divided(tree: ast.Module, lines: Sequence[str]) -> Iterator
             path = _between(facts, node, loop)
             if path is None:
                 continue
-            if _method(node) == "backward" and not any(
+            if method(node) == "backward" and not any(
                 isinstance(p, (ast.If, ast.IfExp, ast.Try)) for p in path
             ):
                 backwards.append(node)
@@ -191,10 +229,11 @@ def accumulation_not_divided(tree: ast.Module, lines: Sequence[str]) -> Iterator
                         count = _accumulation_count(parent.test, counters)
                         if count is not None:
                             break
-        if count is None or not backwards or _divides_by(facts, count):
+        if count is None or not backwards:
             continue
+        wanted = _names(count) - {""}
         for call in backwards:
-            if any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) for n in ast.walk(call)):
+            if _divided(facts, _loss_of(call), wanted) or _divided(facts, call, set()):
                 continue
             yield Finding.at(
                 "PT019",
