@@ -31,6 +31,7 @@ for epoch in range(2):
         pass
 if dist.get_rank() == 0:
     torch.save(model.state_dict(), "m.pt")
+dist.barrier()
 state = torch.load("m.pt", map_location="cpu",)
 other = torch.load("m.pt", map_location="cpu")  # paratrain: ignore[PT008]
 """

@@ -24,16 +24,21 @@ from pathlib import Path
 
 from paratrain.check import (
     rules_apis,
+    rules_collectives,
     rules_data,
     rules_devices,
     rules_ranks,
     rules_saving,
     rules_steps,
+    rules_sync,
 )
 from paratrain.check.findings import RULES, Finding, Rule
 from paratrain.errors import ConfigError
 
-RULE_MODULES = (rules_devices, rules_data, rules_saving, rules_ranks, rules_apis, rules_steps)
+RULE_MODULES = (
+    rules_devices, rules_data, rules_saving, rules_ranks, rules_apis, rules_steps, rules_sync,
+    rules_collectives,
+)  # fmt: skip
 IGNORE = re.compile(r"#\s*paratrain:\s*ignore(?:\[(?P<ids>[^\]]*)\])?", re.IGNORECASE)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 from paratrain.check.findings import Finding, rule
 from paratrain.check.patterns import ModuleFacts, dotted, keyword, last_name, method, module_facts
@@ -199,6 +200,42 @@ def _is_optimizer_step(call: ast.Call) -> bool:
     return "optim" in owner or owner in ("opt", "scaler")
 
 
+@dataclass(frozen=True, slots=True)
+class Accumulation:
+    """A loop that steps the optimizer every ``count`` passes of its body."""
+
+    loop: ast.AST
+    count: ast.expr
+    calls: list[tuple[ast.Call, bool]]
+    """Every call of the body (not of nested loops or functions) and whether it runs on every
+    pass (no ``if``/``try`` around it inside the loop)."""
+
+
+def _accumulations(facts: ModuleFacts) -> Iterator[Accumulation]:
+    """The loops with ``if (i + 1) % N == 0: optimizer.step()`` (a loop counter on the left)."""
+    for loop in facts.nodes:
+        if not isinstance(loop, LOOPS):
+            continue
+        counters = _counters(loop)
+        calls: list[tuple[ast.Call, bool]] = []
+        count: ast.expr | None = None
+        for node in ast.walk(loop):
+            if not isinstance(node, ast.Call):
+                continue
+            path = _between(facts, node, loop)
+            if path is None:
+                continue
+            calls.append((node, not any(isinstance(p, (ast.If, ast.IfExp, ast.Try)) for p in path)))
+            if _is_optimizer_step(node) and count is None:
+                for parent in path:
+                    if isinstance(parent, ast.If):
+                        count = _accumulation_count(parent.test, counters)
+                        if count is not None:
+                            break
+        if count is not None:
+            yield Accumulation(loop, count, calls)
+
+
 @rule("PT019", "accumulation-not-divided", "gradient accumulation without dividing the loss")
 def accumulation_not_divided(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
     """``loss.backward()`` every batch, ``optimizer.step()`` every N: the loss never divided.
@@ -207,32 +244,12 @@ def accumulation_not_divided(tree: ast.Module, lines: Sequence[str]) -> Iterator
     learning rate was tuned for (a sum instead of a mean); changing N changes the training.
     """
     facts = module_facts(tree)
-    for loop in facts.nodes:
-        if not isinstance(loop, LOOPS):
-            continue
-        counters = _counters(loop)
-        backwards: list[ast.Call] = []
-        count: ast.expr | None = None
-        for node in ast.walk(loop):
-            if not isinstance(node, ast.Call):
-                continue
-            path = _between(facts, node, loop)
-            if path is None:
-                continue
-            if method(node) == "backward" and not any(
-                isinstance(p, (ast.If, ast.IfExp, ast.Try)) for p in path
-            ):
-                backwards.append(node)
-            elif _is_optimizer_step(node) and count is None:
-                for parent in path:
-                    if isinstance(parent, ast.If):
-                        count = _accumulation_count(parent.test, counters)
-                        if count is not None:
-                            break
-        if count is None or not backwards:
-            continue
+    for acc in _accumulations(facts):
+        count = acc.count
         wanted = _names(count) - {""}
-        for call in backwards:
+        for call, always in acc.calls:
+            if not always or method(call) != "backward":
+                continue
             if _divided(facts, _loss_of(call), wanted) or _divided(facts, call, set()):
                 continue
             yield Finding.at(
@@ -245,3 +262,56 @@ def accumulation_not_divided(tree: ast.Module, lines: Sequence[str]) -> Iterator
                 f"{ast.unparse(count)}).backward()",
                 api="with run.accumulate(model): run.backward(loss)",
             )
+
+
+@rule("PT022", "zero-grad-every-micro-batch", "zero_grad() on every micro-batch of accumulation")
+def zero_grad_every_micro_batch(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
+    """``optimizer.zero_grad()`` on every pass of a loop that steps every N batches.
+
+    Each micro-batch wipes the gradients the ones before it left: the step sees the last
+    micro-batch only, so training runs on 1/N of the data at N times the cost, with no error.
+    """
+    facts = module_facts(tree)
+    for acc in _accumulations(facts):
+        for call, always in acc.calls:
+            if always and method(call) == "zero_grad":
+                yield Finding.at(
+                    "PT022",
+                    call,
+                    message="zero_grad() runs on every micro-batch while the optimizer steps "
+                    f"every {ast.unparse(acc.count)}: it wipes the gradients accumulated so far, "
+                    "so each step sees only the last micro-batch",
+                    fix="zero the gradients right after optimizer.step(), inside the same `if`",
+                    api="with run.accumulate(model): run.backward(loss); run.step(optimizer) "
+                    "(steps and zeroes every N micro-batches)",
+                )
+
+
+def _is_scheduler_step(call: ast.Call) -> bool:
+    if method(call) != "step":
+        return False
+    owner = last_name(call.func.value).lower()  # type: ignore[attr-defined]
+    return "sched" in owner or owner in ("lr", "lr_policy", "warmup")
+
+
+@rule("PT027", "scheduler-every-micro-batch", "scheduler.step() on every micro-batch")
+def scheduler_every_micro_batch(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
+    """``scheduler.step()`` on every pass of a loop whose optimizer steps every N batches.
+
+    The schedule advances N times per optimizer step: warm-up ends N times too early and the
+    decay reaches its end after 1/N of the training (torch warns that the scheduler stepped
+    before the optimizer).
+    """
+    facts = module_facts(tree)
+    for acc in _accumulations(facts):
+        for call, always in acc.calls:
+            if always and _is_scheduler_step(call):
+                yield Finding.at(
+                    "PT027",
+                    call,
+                    message="the learning-rate scheduler steps on every micro-batch while the "
+                    f"optimizer steps every {ast.unparse(acc.count)}: the schedule runs that "
+                    "many times too fast",
+                    fix="call scheduler.step() right after optimizer.step(), inside the same `if`",
+                    api="run.step(optimizer, scheduler) (steps both once per N micro-batches)",
+                )

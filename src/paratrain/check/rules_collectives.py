@@ -1,0 +1,340 @@
+"""Rules about what the ranks exchange and when they must wait for each other.
+
+PT024 a SUM all-reduce of per-rank means reported as a mean; PT025 early stopping decided on one
+rank's own metric (the others hang); PT026 rank 0 saves and every rank loads with no barrier in
+between; PT028 a CPU tensor given to a collective under NCCL.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator, Sequence
+
+from paratrain.check.findings import Finding, rule
+from paratrain.check.patterns import (
+    FUNCTIONS,
+    ModuleFacts,
+    dotted,
+    keyword,
+    last_name,
+    method,
+    module_facts,
+    own_nodes,
+)
+
+TENSOR_COLLECTIVES = {
+    "all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+    "reduce_scatter_tensor", "all_to_all_single", "gather", "scatter",
+}  # fmt: skip
+MEAN_WORDS = ("loss", "acc", "avg", "mean", "top1", "top5", "ppl", "perplexity", "score", "f1")
+SUM_WORDS = ("sum", "total", "count", "correct", "num", "n_", "samples", "size", "tokens")
+REPORTS = {"print", "log", "info", "add_scalar", "add_scalars", "write", "set_postfix", "update"}
+FACTORIES = {
+    "tensor", "as_tensor", "from_numpy", "zeros", "ones", "empty", "full", "arange", "randn",
+    "rand", "stack", "cat", "FloatTensor", "LongTensor", "Tensor",
+}  # fmt: skip
+
+
+def _collective(facts: ModuleFacts, call: ast.Call) -> str | None:
+    qual = facts.qualname(call.func)
+    name = qual.rsplit(".", 1)[-1]
+    if qual.startswith("torch.distributed.") and name in TENSOR_COLLECTIVES:
+        return name
+    return None
+
+
+def _exchanges(facts: ModuleFacts, scope: ast.AST, depth: int = 0) -> bool:
+    """``scope`` (or a function of this module it calls, two deep) runs a collective or a
+    reduce/broadcast helper (``reduce_tensor``, ``run.reduce``, ``all_reduce_mean``)."""
+    for node in ast.walk(scope):
+        if not isinstance(node, ast.Call):
+            continue
+        name = last_name(node.func).lower()
+        if any(w in name for w in ("reduce", "gather", "broadcast", "sync")):
+            return True
+        found = facts.function_of(node) if depth < 2 else None
+        if found is not None and _exchanges(found[0], found[1], depth + 1):
+            return True
+    return False
+
+
+# -- PT024 ------------------------------------------------------------------------------------
+def _words(node: ast.AST) -> str:
+    return " ".join(last_name(n).lower() for n in ast.walk(node) if last_name(n))
+
+
+def _is_mean(facts: ModuleFacts, node: ast.expr) -> bool:
+    """A per-rank mean: ``x.mean()``, a division, a loss, ``torch.tensor(acc)``."""
+    for value in [node, *facts.values(node)]:
+        if not isinstance(value, ast.expr):
+            continue
+        if isinstance(value, ast.Call) and method(value) == "mean":
+            return True
+        if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Div):
+            return True
+        made = isinstance(value, ast.Call) and last_name(value.func) in FACTORIES and value.args
+        if made and _is_mean(facts, value.args[0]):  # type: ignore[attr-defined]
+            return True
+        text = _words(value) if dotted(value) or isinstance(value, ast.Call) else ""
+        if any(w in text for w in MEAN_WORDS) and not any(w in text for w in SUM_WORDS):
+            return dotted(value) is not None or method(value) in ("detach", "clone", "item")
+    return False
+
+
+def _summed(facts: ModuleFacts, call: ast.Call) -> bool:
+    op = keyword(call, "op") or (call.args[1] if len(call.args) > 1 else None)
+    return op is None or last_name(op) == "SUM"
+
+
+def _divided_after(facts: ModuleFacts, key: str, call: ast.Call) -> bool:
+    """``t /= world_size``, ``t.div_(n)``, ``t = t / n`` or ``t / n`` read after the reduce."""
+    line = call.lineno
+    for node in own_nodes(facts.scope_of(call)):
+        if getattr(node, "lineno", 0) < line:
+            continue
+        scaled = (ast.Div, ast.FloorDiv, ast.Mult)
+        if isinstance(node, ast.AugAssign) and isinstance(node.op, scaled):
+            if dotted(node.target) == key:
+                return True
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, scaled):
+            if any(dotted(n) == key for n in ast.walk(node.left)):
+                return True
+        elif method(node) in ("div_", "div", "mul_", "true_divide") and (
+            dotted(node.func.value) == key  # type: ignore[attr-defined]
+        ):
+            return True
+    return False
+
+
+def _reported_after(facts: ModuleFacts, key: str, call: ast.Call) -> ast.Call | None:
+    line = call.lineno
+    for node in own_nodes(facts.scope_of(call)):
+        if not isinstance(node, ast.Call) or getattr(node, "lineno", 0) <= line:
+            continue
+        name = facts.qualname(node.func) if isinstance(node.func, ast.Name) else method(node)
+        if name not in REPORTS:
+            continue
+        args = [*node.args, *(k.value for k in node.keywords)]
+        if any(dotted(n) == key for a in args for n in ast.walk(a)):
+            return node
+    return None
+
+
+@rule("PT024", "sum-reported-as-mean", "a SUM all-reduce of per-rank means reported as a mean")
+def sum_reported_as_mean(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
+    """``dist.all_reduce(loss)`` (a SUM) of each rank's mean loss, then printed as the loss.
+
+    The reduced value is world-size times the mean: the logged loss or accuracy grows with the
+    number of GPUs (an "accuracy" of 3.2 on 4 ranks).
+    """
+    facts = module_facts(tree)
+    for call, _ in facts.calls():
+        if _collective(facts, call) != "all_reduce" or not call.args or not _summed(facts, call):
+            continue
+        key = dotted(call.args[0])
+        if key is None or not _is_mean(facts, call.args[0]) or _divided_after(facts, key, call):
+            continue
+        if _reported_after(facts, key, call) is None:
+            continue
+        yield Finding.at(
+            "PT024",
+            call,
+            message=f"`{key}` is each rank's mean, and all_reduce sums it: what is reported is "
+            "world-size times the mean",
+            fix=f"divide after the reduce ({key} /= dist.get_world_size()), or reduce with "
+            "op=dist.ReduceOp.AVG (nccl), or reduce sums and counts and divide",
+            api=f'run.reduce({key}, "mean")',
+        )
+
+
+# -- PT025 ------------------------------------------------------------------------------------
+STOP_WORDS = (
+    "loss", "acc", "metric", "score", "patience", "bad_epoch", "no_improve", "stop", "wait",
+    "best", "plateau", "improve", "val", "f1", "bleu", "ppl", "perplexity", "counter",
+)  # fmt: skip
+NOT_METRICS = ("step", "epoch", "iter", "max_", "args", "config", "cfg")
+
+
+def _metric_test(test: ast.AST) -> bool:
+    for node in ast.walk(test):
+        name = last_name(node).lower()
+        if not name or isinstance(node, ast.Call):
+            continue
+        text = (dotted(node) or "").lower()
+        if any(w in name for w in STOP_WORDS) and not any(w in text for w in NOT_METRICS):
+            return True
+    return False
+
+
+def _trains(facts: ModuleFacts, scope: ast.AST, depth: int = 0) -> bool:
+    """``scope`` calls backward, or a function of this module that does (two deep)."""
+    for node in ast.walk(scope):
+        if isinstance(node, ast.Call):
+            if method(node) == "backward":
+                return True
+            found = facts.function_of(node) if depth < 2 else None
+            if found is not None and _trains(found[0], found[1], depth + 1):
+                return True
+    return False
+
+
+@rule("PT025", "early-stop-one-rank", "early stopping decided on one rank's own metric")
+def early_stop_one_rank(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
+    """``if val_loss > best: ...; break`` where each rank computed ``val_loss`` on its shard.
+
+    The ranks see different numbers, so one stops while the others go on into the next
+    collective (a gradient all-reduce) and wait for it forever (the NCCL timeout).
+    """
+    facts = module_facts(tree)
+    if not facts.distributed:
+        return
+    for node in facts.nodes:
+        if not isinstance(node, (ast.Break, ast.Return)):
+            continue
+        test, loop = _stop_test(facts, node)
+        if test is None or loop is None or not _metric_test(test):
+            continue
+        if not _trains(facts, loop) or _exchanges(facts, loop) or facts.main_only(node):
+            continue
+        yield Finding.at(
+            "PT025",
+            node,
+            message="training stops on this rank's own metric: the ranks computed it on "
+            "different shards, so one stops while the others wait in the next collective "
+            "(a hang until the timeout)",
+            fix="decide on numbers every rank shares: all_reduce the metric first, or "
+            "broadcast rank 0's decision (dist.broadcast(stop_flag, src=0)) and break together",
+            api='run.reduce(val_loss, "mean") before the test',
+        )
+
+
+def _stop_test(facts: ModuleFacts, stop: ast.AST) -> tuple[ast.expr | None, ast.AST | None]:
+    """The ``if`` test that leads to ``stop`` and the loop ``stop`` leaves (a ``return`` leaves
+    every loop of its function: the outermost)."""
+    test: ast.expr | None = None
+    loop: ast.AST | None = None
+    for _, parent in facts.ancestors(stop):
+        if isinstance(parent, ast.If) and test is None:
+            test = parent.test
+        if isinstance(parent, (ast.For, ast.AsyncFor, ast.While)):
+            loop = parent
+            if isinstance(stop, ast.Break):
+                break
+        if isinstance(parent, (*FUNCTIONS, ast.Lambda, ast.ClassDef)):
+            break
+    return test, loop
+
+
+# -- PT026 ------------------------------------------------------------------------------------
+def _does(facts: ModuleFacts, call: ast.Call, what: str, depth: int = 0) -> bool:
+    """``call`` is ``torch.<what>`` or runs a function of this module that calls it."""
+    if facts.qualname(call.func) == f"torch.{what}":
+        return True
+    found = facts.function_of(call) if depth < 2 else None
+    if found is None:
+        return False
+    owner, func = found
+    return any(isinstance(n, ast.Call) and _does(owner, n, what, depth + 1) for n in ast.walk(func))
+
+
+def _waits(facts: ModuleFacts, call: ast.Call, depth: int = 0) -> bool:
+    if last_name(call.func) in ("barrier", "monitored_barrier", "wait_for_everyone"):
+        return True
+    found = facts.function_of(call) if depth < 2 else None
+    return found is not None and any(
+        isinstance(n, ast.Call) and _waits(found[0], n, depth + 1) for n in ast.walk(found[1])
+    )
+
+
+@rule("PT026", "load-before-save-done", "every rank loads what rank 0 saves, with no barrier")
+def load_before_save_done(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
+    """``if rank == 0: torch.save(sd, p)`` and then ``torch.load(p)`` on every rank.
+
+    Nothing makes the other ranks wait for rank 0's write: they read a missing file, an old one
+    or a half-written one (an unpickling error, or stale weights without an error).
+    """
+    facts = module_facts(tree)
+    scopes: dict[ast.AST, list[ast.Call]] = {}
+    for call, _ in facts.calls():
+        scopes.setdefault(facts.scope_of(call), []).append(call)
+    for calls in scopes.values():
+        calls.sort(key=lambda c: (c.lineno, c.col_offset))
+        saved = False
+        for call in calls:
+            if _does(facts, call, "save") and facts.main_only(call):
+                saved = True
+            elif saved and _waits(facts, call):
+                saved = False
+            elif saved and _does(facts, call, "load") and not facts.main_only(call):
+                yield Finding.at(
+                    "PT026",
+                    call,
+                    message="every rank loads here what rank 0 saved just before, and nothing "
+                    "waits for the write: the others read a missing, old or half-written file",
+                    fix="call dist.barrier() after the save and before the load",
+                    api="run.save() and run.resume() (rank 0 writes, every rank waits for it)",
+                )
+                saved = False
+
+
+# -- PT028 ------------------------------------------------------------------------------------
+def _nccl_only(facts: ModuleFacts) -> bool:
+    """The script's process group is NCCL, whatever the machine."""
+    for call, qual in facts.calls():
+        if not qual.endswith("init_process_group"):
+            continue
+        backend = keyword(call, "backend") or (call.args[0] if call.args else None)
+        if backend is None:
+            continue
+        values = [backend, *facts.values(backend)] if dotted(backend) else [backend]
+        constants = [v for v in values if isinstance(v, ast.Constant)]
+        others = [v for v in values if not isinstance(v, ast.Constant) and v is not backend]
+        if constants and not others and all(v.value == "nccl" for v in constants):
+            return True
+    return False
+
+
+def _on_cpu(facts: ModuleFacts, node: ast.expr) -> bool:
+    """Every value of ``node`` is a tensor made on the CPU: a factory without ``device=``, or
+    ``.cpu()``."""
+    values = facts.values(node) if dotted(node) else [node]
+    if not values:
+        return False
+    for v in values:
+        if not isinstance(v, ast.Call):
+            return False
+        if method(v) == "cpu":
+            continue
+        qual = facts.qualname(v.func)
+        if not (qual.startswith("torch.") and qual.rsplit(".", 1)[-1] in FACTORIES):
+            return False
+        if keyword(v, "device") is not None:
+            return False
+    return True
+
+
+@rule("PT028", "cpu-tensor-nccl", "a CPU tensor given to a collective under NCCL")
+def cpu_tensor_nccl(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
+    """``t = torch.tensor([correct, total]); dist.all_reduce(t)`` with the NCCL backend.
+
+    NCCL moves GPU memory only: the call fails ("No backend type associated with device type
+    cpu", or "Tensors must be CUDA and dense").
+    """
+    facts = module_facts(tree)
+    if not _nccl_only(facts):
+        return
+    for call, _ in facts.calls():
+        name = _collective(facts, call)
+        if name is None or not call.args:
+            continue
+        tensor = call.args[1] if name == "all_gather" and len(call.args) > 1 else call.args[0]
+        if _on_cpu(facts, tensor):
+            yield Finding.at(
+                "PT028",
+                call,
+                message=f"dist.{name} gets a CPU tensor and the backend is nccl, which takes "
+                "CUDA tensors only: the call fails at run time",
+                fix="make the tensor on this rank's GPU: torch.tensor(..., device=device) "
+                "(or .cuda() / .to(device) before the collective)",
+                api='run.reduce(value, "sum") (moves it to the right device)',
+            )
