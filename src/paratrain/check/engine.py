@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -33,6 +33,7 @@ from paratrain.check import (
     rules_sync,
 )
 from paratrain.check.findings import RULES, Finding, Rule
+from paratrain.check.patterns import module_facts
 from paratrain.errors import ConfigError
 
 RULE_MODULES = (
@@ -40,6 +41,14 @@ RULE_MODULES = (
     rules_collectives,
 )  # fmt: skip
 IGNORE = re.compile(r"#\s*paratrain:\s*ignore(?:\[(?P<ids>[^\]]*)\])?", re.IGNORECASE)
+
+
+class ScriptError(ConfigError):
+    """A script that cannot be read or parsed, and where."""
+
+    def __init__(self, path: Path, line: int, col: int, problem: str) -> None:
+        super().__init__(f"{path}:{line}:{col}: {problem}")
+        self.path, self.line, self.col, self.problem = path.as_posix(), line, col, problem
 
 
 @dataclass(slots=True)
@@ -50,8 +59,12 @@ class Report:
     """Every finding not ignored, sorted by path, line and column."""
     errors: list[str] = field(default_factory=list)
     """One line per script that could not be read or parsed."""
+    unparsed: list[ScriptError] = field(default_factory=list)
+    """The same, with the place and the problem apart."""
     files: int = 0
     """How many scripts were checked (parsed)."""
+    named: int = 0
+    """How many scripts the paths named (checked, or not parsed: see ``errors``)."""
 
 
 def rules_by_id() -> dict[str, Rule]:
@@ -88,25 +101,27 @@ def _hidden(relative: Path) -> bool:
 
 
 def parse(path: Path) -> tuple[ast.Module, list[str]]:
-    """The module and its lines; a :class:`ConfigError` saying where, when that fails."""
+    """The module and its lines; a :class:`ScriptError` saying where, when that fails."""
     try:
         data = path.read_bytes()
     except OSError as err:
-        raise ConfigError(f"{path}:1:1: cannot read: {err.strerror or err}") from None
+        raise ScriptError(path, 1, 1, f"cannot read: {err.strerror or err}") from None
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as err:
-        raise ConfigError(
-            f"{path}:1:1: not UTF-8 text (byte {data[err.start]:#04x} at offset {err.start}); "
-            "save the script as UTF-8"
-        ) from None
+        raise ScriptError(
+            path, 1, 1,
+            f"not UTF-8 text (byte {data[err.start]:#04x} at offset {err.start}); save the "
+            "script as UTF-8",
+        ) from None  # fmt: skip
     try:
         tree = ast.parse(text, filename=str(path))
     except SyntaxError as err:
-        where = f"{err.lineno or 1}:{err.offset or 1}"
-        raise ConfigError(f"{path}:{where}: cannot parse: {err.msg}") from None
+        raise ScriptError(
+            path, err.lineno or 1, err.offset or 1, f"cannot parse: {err.msg}"
+        ) from None
     except (ValueError, RecursionError, MemoryError) as err:
-        raise ConfigError(f"{path}:1:1: cannot parse: {err}") from None
+        raise ScriptError(path, 1, 1, f"cannot parse: {err}") from None
     return tree, text.splitlines()
 
 
@@ -122,9 +137,16 @@ def ignored(finding: Finding, lines: Sequence[str]) -> bool:
 
 
 def check_source(
-    tree: ast.Module, lines: Sequence[str], path: str, rules: Collection[Rule]
+    tree: ast.Module,
+    lines: Sequence[str],
+    path: str,
+    rules: Collection[Rule],
+    siblings: Mapping[str, ast.Module] | None = None,
 ) -> list[Finding]:
-    """The findings of ``rules`` in one parsed script, ignore comments applied."""
+    """The findings of ``rules`` in one parsed script, ignore comments applied. ``siblings``:
+    the other modules of its folder by name, whose functions the rules follow."""
+    others = {name: module_facts(t) for name, t in (siblings or {}).items()}
+    module_facts(tree).siblings = others  # last: the most recent entry of the facts' cache
     found: dict[tuple[str, int, int], Finding] = {}
     for r in rules:
         for finding in r.check(tree, lines):
@@ -138,13 +160,21 @@ def check_paths(paths: Sequence[Path], select: Collection[str] | None = None) ->
     assert RULE_MODULES  # importing them registered the rules
     rules = [r for r in rules_by_id().values() if select is None or r.id in select]
     report = Report()
-    for path in scripts(paths):
+    parsed: dict[Path, tuple[ast.Module, list[str]]] = {}
+    named = list(dict.fromkeys(scripts(paths)))  # a script named twice is checked once
+    report.named = len(named)
+    for path in named:
         try:
-            tree, lines = parse(path)
-        except ConfigError as err:
+            parsed[path] = parse(path)
+        except ScriptError as err:
             report.errors.append(str(err))
-            continue
+            report.unparsed.append(err)
+    folders: dict[Path, dict[str, ast.Module]] = {}
+    for path, (tree, _) in parsed.items():
+        folders.setdefault(path.parent, {})[path.stem] = tree
+    for path, (tree, lines) in parsed.items():
         report.files += 1
-        report.findings += check_source(tree, lines, path.as_posix(), rules)
+        siblings = {k: v for k, v in folders[path.parent].items() if k != path.stem}
+        report.findings += check_source(tree, lines, path.as_posix(), rules, siblings)
     report.findings.sort(key=lambda f: (f.path, f.line, f.col, f.rule))
     return report

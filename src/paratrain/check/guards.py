@@ -158,7 +158,7 @@ class Guards:
         if isinstance(test, ast.NamedExpr):
             return self.rank_test(test.value)
         name = last_name(test.func if isinstance(test, ast.Call) else test)
-        if name in MAIN_NAMES:
+        if name in MAIN_NAMES or _main_name(name):
             return MAIN
         if name in DISTRIBUTED_NAMES:
             return MULTI
@@ -330,6 +330,14 @@ class Guards:
             if name == "init_distributed_mode" and self.facts.function_of(call) is None:
                 return True
         return False
+
+
+def _main_name(name: str) -> bool:
+    """``is_data_parallel_master``, ``is_main_worker``, ``is_rank_zero_process``."""
+    words = name.lower().split("_")
+    return words[0] == "is" and bool(
+        {"main", "master", "primary", "leader", "chief", "zero", "rank0"} & set(words[1:])
+    )
 
 
 def keyword_missing(call: ast.Call, name: str) -> bool:

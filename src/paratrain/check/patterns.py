@@ -55,7 +55,7 @@ SETUP_HELPERS = {
     "init_dist", "setup_for_distributed",
 }  # fmt: skip
 __all__ = [
-    "FUNCTIONS", "LoopTarget", "ModuleFacts", "Opaque", "Param", "dotted", "env_key",
+    "FUNCTIONS", "Element", "LoopTarget", "ModuleFacts", "Opaque", "Param", "dotted", "env_key",
     "has_star_kwargs", "is_const", "keyword", "last_name", "method", "module_facts", "own_nodes",
 ]  # fmt: skip
 Function = ast.FunctionDef | ast.AsyncFunctionDef
@@ -87,7 +87,14 @@ class Param:
     """Position among the positional parameters (``self`` counts), -1 for keyword-only."""
 
 
-Origin = ast.expr | LoopTarget | Opaque | Param
+@dataclass(frozen=True, slots=True)
+class Element:
+    """The name is one part of ``source`` unpacked: ``image, target = batch``."""
+
+    source: ast.expr
+
+
+Origin = ast.expr | LoopTarget | Opaque | Param | Element
 
 
 def _imports(tree: ast.Module) -> dict[str, str]:
@@ -154,6 +161,9 @@ class ModuleFacts:
                 if pairs and len(target.elts) == len(node.value.elts):  # type: ignore[attr-defined]
                     for t, v in zip(target.elts, node.value.elts, strict=True):  # type: ignore[attr-defined]
                         self._bind(t, v if dotted(t) else Opaque())
+                elif isinstance(target, (ast.Tuple, ast.List)):
+                    for t in target.elts:
+                        self._bind(t, Element(node.value))
                 else:
                     self._bind(target, node.value if dotted(target) else Opaque())
         elif isinstance(node, (ast.AnnAssign, ast.NamedExpr)) and node.value is not None:
@@ -290,8 +300,11 @@ class ModuleFacts:
     def references(self, func: Function) -> list[ast.AST]:
         """Every ``f`` / ``self.f`` in this module naming ``func`` other than its definition:
         calls, and references passed on (``mp.spawn(f)``, ``Thread(target=f)``)."""
+        owner = self.parents.get(func)
+        if func.name == "__init__" and isinstance(owner, ast.ClassDef):  # Trainer(...)
+            return [n for n in self._mentions.get(owner.name, []) if isinstance(n.ctx, ast.Load)]  # type: ignore[attr-defined]
         named = [n for n in self._mentions.get(func.name, []) if isinstance(n.ctx, ast.Load)]  # type: ignore[attr-defined]
-        if isinstance(self.parents.get(func), ast.ClassDef):  # a method: self.f, trainer.f
+        if isinstance(owner, ast.ClassDef):  # a method: self.f, trainer.f
             named += self._mentions.get("." + func.name, [])
         return named
 
@@ -318,7 +331,8 @@ class ModuleFacts:
             if any(isinstance(a, ast.Starred) for a in call.args) or has_star_kwargs(call):
                 return None
             value = keyword(call, param.name)
-            index = param.index - (1 if bound_method and isinstance(ref, ast.Attribute) else 0)
+            bound = isinstance(ref, ast.Attribute) or func.name == "__init__"
+            index = param.index - (1 if bound_method and bound else 0)
             if value is None and 0 <= index < len(call.args):
                 value = call.args[index]
             if value is None:
@@ -404,7 +418,7 @@ def _default(func: Function, param: Param) -> ast.expr | None:
     return None
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=1024)
 def module_facts(tree: ast.Module) -> ModuleFacts:
     """The facts of ``tree``, shared by every rule that checks it."""
     return ModuleFacts(tree)

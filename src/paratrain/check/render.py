@@ -28,22 +28,37 @@ def as_text(report: Report, fixable: Collection[tuple[str, str, int, int]] = ())
         out.append(f"    fix: {f.fix}")
         if f.api:
             out.append(f"    paratrain: {f.api}")
-    scripts = f"{report.files} script{'s' * (report.files != 1)}"
+    named = max(report.named, report.files + len(report.errors))
+    scripts = f"{named} script{'s' * (named != 1)}"
+    unparsed = len(report.errors)
+    tail = f" ({unparsed} could not be parsed)" if unparsed else ""
     if report.findings:
         count = len(report.findings)
         where = len({f.path for f in report.findings})
-        out.append(f"Found {count} problem{'s' * (count != 1)} in {where} of {scripts} checked.")
+        out.append(
+            f"Found {count} problem{'s' * (count != 1)} in {where} of {scripts} checked{tail}."
+        )
         marked = sum((f.path, f.rule, f.line, f.col) in fixable for f in report.findings)
         if marked:
             out.append(f"[*] {marked} fixable with --fix (see them first with --diff).")
     else:
-        out.append(f"No problems found in {scripts} checked.")
+        out.append(f"No problems found in {scripts} checked{tail}.")
     return "\n".join(out)
 
 
 def as_json(report: Report) -> list[dict[str, Any]]:
-    """The findings as a list of objects (rule, path, line, col, message, fix, api)."""
-    return [asdict(f) for f in report.findings]
+    """The findings as a list of objects (rule, path, line, col, message, fix, api), then one
+    object per script that could not be parsed, with ``"rule": null`` (as ruff does)."""
+    found = [asdict(f) for f in report.findings]
+    for err in report.unparsed:
+        found.append(
+            {
+                "rule": None, "path": err.path, "line": err.line, "col": err.col,
+                "message": err.problem, "fix": "make the file valid UTF-8 Python, or leave it "
+                "out of the paths checked", "api": None,
+            }
+        )  # fmt: skip
+    return found
 
 
 def as_sarif(report: Report, rules: Sequence[Rule]) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import ast
 from collections.abc import Iterator, Sequence
 
 from paratrain.check.findings import Finding, rule
-from paratrain.check.patterns import dotted, keyword, module_facts
+from paratrain.check.patterns import keyword, module_facts
 
 CUDA_AMP = {
     "torch.cuda.amp.autocast": "torch.autocast",
@@ -103,14 +103,15 @@ def removed_pipe(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
 
     The import fails with ModuleNotFoundError; ``torch.distributed.pipelining`` replaces it.
     """
-    for node in module_facts(tree).nodes:
+    facts = module_facts(tree)
+    for node in facts.nodes:
         names: list[str] = []
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names = [node.module]
         elif isinstance(node, ast.Import):
             names = [a.name for a in node.names]
-        elif isinstance(node, ast.Call):
-            names = [dotted(node.func) or ""]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            names = [facts.qualname(node.func)]  # `Pipe(...)` of an import: the import is found
         if any(n == PIPE or n.startswith(PIPE + ".") for n in names):
             yield Finding.at(
                 "PT015",

@@ -31,7 +31,7 @@ SUM_WORDS = ("sum", "total", "count", "correct", "num", "n_", "samples", "size",
 REPORTS = {"print", "log", "info", "add_scalar", "add_scalars", "write", "set_postfix", "update"}
 FACTORIES = {
     "tensor", "as_tensor", "from_numpy", "zeros", "ones", "empty", "full", "arange", "randn",
-    "rand", "stack", "cat", "FloatTensor", "LongTensor", "Tensor",
+    "rand", "FloatTensor", "LongTensor", "Tensor",
 }  # fmt: skip
 
 
@@ -106,9 +106,14 @@ def _divided_after(facts: ModuleFacts, key: str, call: ast.Call) -> bool:
     return False
 
 
-def _reported_after(facts: ModuleFacts, key: str, call: ast.Call) -> ast.Call | None:
+def _reported_after(facts: ModuleFacts, key: str, call: ast.Call) -> ast.AST | None:
+    """A print or log of ``key`` after the reduce, or a ``return`` of it (the caller reports)."""
     line = call.lineno
     for node in own_nodes(facts.scope_of(call)):
+        if isinstance(node, ast.Return) and node.value is not None and node.lineno > line:
+            returned = node.value
+            if any(dotted(n) == key for n in ast.walk(returned)):
+                return node
         if not isinstance(node, ast.Call) or getattr(node, "lineno", 0) <= line:
             continue
         name = facts.qualname(node.func) if isinstance(node.func, ast.Name) else method(node)
@@ -237,6 +242,25 @@ def _does(facts: ModuleFacts, call: ast.Call, what: str, depth: int = 0) -> bool
     return any(isinstance(n, ast.Call) and _does(owner, n, what, depth + 1) for n in ast.walk(func))
 
 
+PATH_WORDS = ("path", "file", "ckpt", "checkpoint", "dir", "best", "cache", "out", "weights",
+              "pretrained", "snapshot", "fname", "filename", "name")  # fmt: skip
+
+
+def _paths(facts: ModuleFacts, call: ast.Call) -> set[str]:
+    """The texts of what may name a file among ``call``'s arguments: strings, f-strings,
+    ``os.path.join(...)`` and names that read like paths (``path``, ``args.ckpt``)."""
+    found: set[str] = set()
+    for arg in [*call.args, *(k.value for k in call.keywords)]:
+        if isinstance(arg, (ast.Constant, ast.JoinedStr)) or (
+            isinstance(arg, ast.Call) and (last_name(arg.func) in ("join", "Path"))
+        ):
+            found.add(ast.unparse(arg))
+        elif dotted(arg) and any(w in last_name(arg).lower() for w in PATH_WORDS):
+            found.add(ast.unparse(arg))
+            found |= {ast.unparse(v) for v in facts.values(arg) if isinstance(v, ast.expr)}
+    return found
+
+
 def _waits(facts: ModuleFacts, call: ast.Call, depth: int = 0) -> bool:
     if last_name(call.func) in ("barrier", "monitored_barrier", "wait_for_everyone"):
         return True
@@ -259,13 +283,17 @@ def load_before_save_done(tree: ast.Module, lines: Sequence[str]) -> Iterator[Fi
         scopes.setdefault(facts.scope_of(call), []).append(call)
     for calls in scopes.values():
         calls.sort(key=lambda c: (c.lineno, c.col_offset))
-        saved = False
+        saved: set[str] = set()
         for call in calls:
             if _does(facts, call, "save") and facts.main_only(call):
-                saved = True
+                saved |= _paths(facts, call)
             elif saved and _waits(facts, call):
-                saved = False
-            elif saved and _does(facts, call, "load") and not facts.main_only(call):
+                saved = set()
+            elif (
+                saved & _paths(facts, call)
+                and _does(facts, call, "load")
+                and not facts.main_only(call)
+            ):
                 yield Finding.at(
                     "PT026",
                     call,
@@ -274,7 +302,7 @@ def load_before_save_done(tree: ast.Module, lines: Sequence[str]) -> Iterator[Fi
                     fix="call dist.barrier() after the save and before the load",
                     api="run.save() and run.resume() (rank 0 writes, every rank waits for it)",
                 )
-                saved = False
+                saved = set()
 
 
 # -- PT028 ------------------------------------------------------------------------------------

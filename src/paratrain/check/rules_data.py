@@ -29,13 +29,15 @@ def _is_sampler_call(facts: ModuleFacts, node: object) -> bool:
     return isinstance(node, ast.Call) and facts.qualname(node.func).endswith("DistributedSampler")
 
 
-def _samplers(facts: ModuleFacts) -> Iterator[tuple[str, ast.Call]]:
+def _samplers(facts: ModuleFacts) -> Iterator[tuple[str, ast.expr]]:
     """(name, call) for ``name = DistributedSampler(...)``, also through a helper that returns
     one (``sampler = build_sampler(ds)``)."""
     for node in facts.nodes:
-        if not isinstance(node, ast.Assign) or not isinstance(node.value, ast.Call):
+        if not isinstance(node, ast.Assign) or not isinstance(node.value, (ast.Call, ast.IfExp)):
             continue
-        made = [v for v in facts.values(node.value) if _is_sampler_call(facts, v)]
+        options = facts.values(node.value)
+        options += [b for v in options if isinstance(v, ast.IfExp) for b in (v.body, v.orelse)]
+        made = [v for v in options if _is_sampler_call(facts, v)]
         if not made:
             continue
         for target in node.targets:
@@ -53,6 +55,8 @@ def _used(facts: ModuleFacts, key: str) -> bool:
             continue
         parent = facts.parents.get(node)
         if isinstance(parent, ast.Attribute) and parent.value is node:
+            continue
+        if isinstance(parent, ast.Compare):  # `shuffle=(sampler is None)` reads, does not use
             continue
         return True
     return False
@@ -99,7 +103,7 @@ def _keywords(facts: ModuleFacts, call: ast.Call) -> dict[str, ast.expr]:
         if k.arg is not None:
             found[k.arg] = k.value
             continue
-        for value in facts.values(k.value):  # **options
+        for value in [*facts.values(k.value), *_merged(facts, k.value)]:  # **options
             if isinstance(value, ast.Dict):
                 for name, item in zip(value.keys, value.values, strict=True):
                     if isinstance(name, ast.Constant) and isinstance(name.value, str):
@@ -107,6 +111,26 @@ def _keywords(facts: ModuleFacts, call: ast.Call) -> dict[str, ast.expr]:
             elif isinstance(value, ast.Call) and facts.qualname(value.func) == "dict":
                 found.update({kw.arg: kw.value for kw in value.keywords if kw.arg})
     return found
+
+
+def _merged(facts: ModuleFacts, options: ast.expr) -> list[ast.expr]:
+    """What ``options.update(more)`` and ``options["k"] = v`` add to a ``**options`` dict."""
+    key = dotted(options)
+    added: list[ast.expr] = []
+    if key is None:
+        return added
+    for call, _ in facts.calls():
+        if method(call) == "update" and dotted(call.func.value) == key:  # type: ignore[attr-defined]
+            for arg in call.args:
+                added += [v for v in facts.values(arg) if isinstance(v, ast.expr)]
+            if call.keywords:
+                added.append(ast.Call(func=ast.Name("dict"), args=[], keywords=call.keywords))
+    for node in facts.nodes:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+            if isinstance(target, ast.Subscript) and dotted(target.value) == key:
+                added.append(ast.Dict(keys=[target.slice], values=[node.value]))
+    return added
 
 
 @rule("PT004", "shuffle-with-sampler", "a DataLoader gets both shuffle=True and a sampler")

@@ -11,6 +11,7 @@ from collections.abc import Iterator, Sequence
 
 from paratrain.check.findings import Finding, rule
 from paratrain.check.patterns import (
+    Element,
     LoopTarget,
     ModuleFacts,
     dotted,
@@ -99,6 +100,12 @@ def _from_loader(facts: ModuleFacts, iterable: ast.expr) -> bool:
     return not geometric and any(n.rsplit(".", 1)[-1].lower().endswith("loader") for n in names)
 
 
+def _batch(facts: ModuleFacts, node: ast.expr) -> bool:
+    """``node`` is a whole batch a loader yields (``for batch in loader``)."""
+    owners = facts.values(node)
+    return any(isinstance(o, LoopTarget) and _from_loader(facts, o.iterable) for o in owners)
+
+
 def _is_tensor(facts: ModuleFacts, node: ast.expr) -> bool:
     """Every value of ``node`` is a tensor: a factory, a moved copy, a batch from a loader
     (unpacked, or a value of ``batch.items()``), or what every caller passes for a parameter."""
@@ -108,11 +115,10 @@ def _is_tensor(facts: ModuleFacts, node: ast.expr) -> bool:
     def tensor(origin: object) -> bool:
         if isinstance(origin, LoopTarget):
             if origin.items:  # `for k, v in batch.items()` with `batch` from a loader
-                owners = facts.values(origin.iterable)
-                return bool(owners) and all(
-                    isinstance(o, LoopTarget) and _from_loader(facts, o.iterable) for o in owners
-                )
+                return _batch(facts, origin.iterable)
             return origin.unpacked and _from_loader(facts, origin.iterable)
+        if isinstance(origin, Element):  # `image, target = batch`
+            return _batch(facts, origin.source)
         if not isinstance(origin, ast.Call):
             return False
         qual = facts.qualname(origin.func)
@@ -175,7 +181,7 @@ def _has_fallback(facts: ModuleFacts) -> bool:
             qual = facts.qualname(node.func)
             needs_cuda = qual == "torch.cuda.set_device" or method(node) == "cuda"
         elif isinstance(node, ast.keyword) and node.arg == "device_ids":
-            needs_cuda = True
+            needs_cuda = not isinstance(node.value, ast.IfExp)  # `[rank] if cuda else None`
         if needs_cuda and not _tests_for_gpu(facts, node):
             return True
     return False
@@ -201,6 +207,8 @@ def _gpu_test(facts: ModuleFacts, test: ast.AST) -> bool:
             return True
         if last_name(n) in ("use_cuda", "cuda", "has_cuda", "cuda_available", "use_gpu"):
             return True
+        if isinstance(n, ast.Compare) and last_name(n.left) == "type":
+            return True  # `device.type == "cuda"`: the device was picked by a GPU test
     return False
 
 
@@ -218,11 +226,12 @@ def nccl_only(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
         if not qual.endswith("init_process_group"):
             continue
         backend = keyword(call, "backend") or (call.args[0] if call.args else None)
-        if not (isinstance(backend, ast.Constant) and backend.value == "nccl"):
+        values = facts.values(backend) if backend is not None else []
+        if not values or not all(isinstance(v, ast.Constant) and v.value == "nccl" for v in values):
             continue
         yield Finding.at(
             "PT017",
-            backend,
+            backend or call,
             message='the "nccl" backend needs GPUs: on a machine without them this fails '
             '("ProcessGroupNCCL is only supported with GPUs")',
             fix='backend="nccl" if torch.cuda.is_available() else "gloo"',

@@ -36,10 +36,25 @@ def _training_scopes(facts: ModuleFacts) -> set[ast.AST]:
         method = call.func.attr if isinstance(call.func, ast.Attribute) else ""
         if qual.endswith(("init_process_group", "DistributedDataParallel")) or method == "backward":
             scopes.add(facts.scope_of(call))
-    stack = list(scopes)
+    callers = list(scopes)  # up: the functions that call those (train() calls _run_epoch)
+    while callers:
+        scope = callers.pop()
+        if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for ref in facts.references(scope):
+            caller = facts.scope_of(ref)
+            if caller not in scopes:
+                scopes.add(caller)
+                callers.append(caller)
+    stack = list(scopes)  # down: what they call, and the callbacks they hand on
     while stack:
         for node in own_nodes(stack.pop()):
-            found = facts.function_of(node) if isinstance(node, ast.Call) else None
+            found = None
+            if isinstance(node, ast.Call):
+                found = facts.function_of(node)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+                named = facts.functions.get(node.id)
+                found = (facts, named[-1]) if named else None
             if found is not None and found[0] is facts and found[1] not in scopes:
                 scopes.add(found[1])
                 stack.append(found[1])

@@ -16,6 +16,7 @@ from paratrain.check.patterns import ModuleFacts, dotted, has_star_kwargs, keywo
 WRAPPERS = ("DistributedDataParallel", ".DataParallel", "FullyShardedDataParallel")
 SELF_RETURNING = {"to", "cuda", "cpu", "train", "eval", "half", "float", "double", "bfloat16"}
 NOT_MODULES = {"Parameter", "Buffer"}
+DDP_DP = ("DistributedDataParallel", ".DataParallel")  # FSDP's full state dict has plain keys
 MODULE_METHODS = {"parameters", "named_parameters", "train", "eval", "modules", "children"}
 TYPE_TESTS = ("isinstance", "hasattr")
 
@@ -26,8 +27,8 @@ def _saves(facts: ModuleFacts) -> Iterator[ast.Call]:
             yield call
 
 
-def _is_wrapper(facts: ModuleFacts, origin: object) -> bool:
-    return isinstance(origin, ast.Call) and facts.qualname(origin.func).endswith(WRAPPERS)
+def _is_wrapper(facts: ModuleFacts, origin: object, wrappers: tuple[str, ...] = WRAPPERS) -> bool:
+    return isinstance(origin, ast.Call) and facts.qualname(origin.func).endswith(wrappers)
 
 
 def _type_tested(facts: ModuleFacts, node: ast.AST, key: str) -> bool:
@@ -57,9 +58,8 @@ def wrapped_state_dict(tree: ast.Module, lines: Sequence[str]) -> Iterator[Findi
             if not (isinstance(func, ast.Attribute) and func.attr == "state_dict"):
                 continue
             key = dotted(func.value)
-            wrapped = key is not None and any(
-                _is_wrapper(facts, o) for o in facts.values(func.value)
-            )
+            owners = facts.values(func.value)
+            wrapped = key is not None and any(_is_wrapper(facts, o, DDP_DP) for o in owners)
             if not wrapped or id(node) in reported or _type_tested(facts, save, key or ""):
                 continue
             reported.add(id(node))
@@ -141,11 +141,14 @@ def _module_like(facts: ModuleFacts, origin: object, key: str | None, classes: s
 
 
 def _wrapped_module(facts: ModuleFacts, node: ast.expr) -> bool:
-    """``ddp_model.module``: the model inside a DDP/DataParallel wrapper."""
-    return (
-        isinstance(node, ast.Attribute)
-        and node.attr == "module"
-        and any(_is_wrapper(facts, o) for o in facts.values(node.value))
+    """``ddp_model.module`` (or a name set to it): the model inside a DDP/DataParallel
+    wrapper."""
+    candidates = [node, *facts.values(node)] if dotted(node) else [node]
+    return any(
+        isinstance(c, ast.Attribute)
+        and c.attr == "module"
+        and any(_is_wrapper(facts, o) for o in facts.values(c.value))
+        for c in candidates
     )
 
 

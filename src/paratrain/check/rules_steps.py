@@ -11,7 +11,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from paratrain.check.findings import Finding, rule
-from paratrain.check.patterns import ModuleFacts, dotted, keyword, last_name, method, module_facts
+from paratrain.check.patterns import (
+    ModuleFacts,
+    dotted,
+    keyword,
+    last_name,
+    method,
+    module_facts,
+)
 
 FP16 = {"torch.float16", "torch.half"}
 
@@ -22,11 +29,17 @@ def _autocasts(facts: ModuleFacts) -> list[tuple[ast.Call, str]]:
 
 
 def _fp16_autocast(facts: ModuleFacts, call: ast.Call, qual: str) -> bool:
-    """``autocast(dtype=torch.float16)``, or torch.cuda.amp's autocast (fp16 unless told)."""
+    """``autocast(dtype=torch.float16)`` (or a name set to it), or an autocast on CUDA without
+    a dtype: torch.cuda.amp's, ``torch.autocast("cuda")`` (float16 unless told)."""
     dtype = keyword(call, "dtype")
     if dtype is not None:
-        return facts.qualname(dtype) in FP16
-    return qual == "torch.cuda.amp.autocast" and not call.args
+        values = facts.values(dtype) or [dtype]
+        return all(isinstance(v, ast.expr) and facts.qualname(v) in FP16 for v in values)
+    if qual == "torch.cuda.amp.autocast":
+        return not call.args
+    device = keyword(call, "device_type") or (call.args[0] if call.args else None)
+    plain = qual in ("torch.autocast", "torch.amp.autocast") and len(call.args) <= 1
+    return plain and isinstance(device, ast.Constant) and device.value == "cuda"
 
 
 def _mentions_scaler(facts: ModuleFacts) -> bool:
@@ -40,10 +53,14 @@ def _mentions_scaler(facts: ModuleFacts) -> bool:
     return False
 
 
+def _none(origin: object) -> bool:
+    return isinstance(origin, ast.Constant) and origin.value is None
+
+
 def _is_scaler(facts: ModuleFacts, node: ast.expr) -> bool:
-    """A name bound only to ``GradScaler(...)``."""
+    """A name bound only to ``GradScaler(...)`` (or ``None`` when AMP is off)."""
     key = dotted(node)
-    origins = facts.origins.get(key, []) if key else []
+    origins = [o for o in facts.values(node) if not _none(o)] if key else []
     return bool(origins) and all(
         isinstance(o, ast.Call) and facts.qualname(o.func).endswith("GradScaler") for o in origins
     )
@@ -123,8 +140,17 @@ def _counters(loop: ast.For | ast.AsyncFor | ast.While) -> set[str]:
     return found - {""}
 
 
-def _accumulation_count(test: ast.AST, counters: set[str]) -> ast.expr | None:
-    """``N`` of ``(i + 1) % N == 0`` when the left side uses a loop counter."""
+def _accumulation_count(
+    test: ast.AST, counters: set[str], facts: ModuleFacts | None = None
+) -> ast.expr | None:
+    """``N`` of ``(i + 1) % N == 0`` when the left side uses a loop counter; also through a
+    name set so (``sync = (i + 1) % N == 0; if sync:``)."""
+    if facts is not None and dotted(test) is not None:
+        for value in facts.values(test):
+            if isinstance(value, ast.expr) and value is not test:
+                found = _accumulation_count(value, counters)
+                if found is not None:
+                    return found
     for node in ast.walk(test):
         if (
             isinstance(node, ast.BinOp)
@@ -229,7 +255,7 @@ def _accumulations(facts: ModuleFacts) -> Iterator[Accumulation]:
             if _is_optimizer_step(node) and count is None:
                 for parent in path:
                     if isinstance(parent, ast.If):
-                        count = _accumulation_count(parent.test, counters)
+                        count = _accumulation_count(parent.test, counters, facts)
                         if count is not None:
                             break
         if count is not None:

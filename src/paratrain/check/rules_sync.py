@@ -31,6 +31,9 @@ def _inner_module(facts: ModuleFacts, callee: ast.expr) -> ast.expr | None:
     candidates: list[object] = [callee]
     if isinstance(callee, ast.Name):
         candidates = list(facts.values(callee))
+    for c in list(candidates):
+        if isinstance(c, ast.IfExp):  # `net = model.module if hasattr(model, "module") else model`
+            candidates += [c.body, c.orelse]
     for c in candidates:
         if isinstance(c, ast.Attribute) and c.attr == "module" and _is_ddp(facts, c.value):
             return c.value
