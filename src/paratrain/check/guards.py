@@ -226,9 +226,10 @@ class Guards:
         return False if kind == OFF else None
 
     # -- statements ----------------------------------------------------------------------
-    def main_only(self, node: ast.AST) -> bool:
+    def main_only(self, node: ast.AST, *, within: bool = False) -> bool:
         """``node`` runs on the main process only: under a rank-0 guard, after an early exit
-        of the others, or in a function that is only ever called so."""
+        of the others, or in a function that is only ever called so (``within``: guards inside
+        its own function only)."""
         facts = self.facts
         for child, parent in facts.ancestors(node):
             if isinstance(parent, (ast.If, ast.IfExp, ast.While)) and child is not parent.test:
@@ -252,7 +253,7 @@ class Guards:
             if self._after_exit(child, parent):
                 return True
             if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                return self.function_main_only(parent)
+                return not within and self.function_main_only(parent)
             if isinstance(parent, (ast.Lambda, ast.ClassDef)):
                 return False
         return False

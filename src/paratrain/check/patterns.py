@@ -125,6 +125,9 @@ class ModuleFacts:
         """Every node, in ``ast.walk`` order (walked once, shared by the rules)."""
         self.parents: dict[ast.AST, ast.AST] = {}
         self.origins: dict[str, list[Origin]] = defaultdict(list)
+        self.sites: dict[str, list[ast.AST]] = defaultdict(list)
+        """The statements (or loops, parameters) that bind each name, in origin order."""
+        self._site: ast.AST = tree
         self.functions: dict[str, list[Function]] = defaultdict(list)
         """Functions and methods of this module by name."""
         self._calls: list[tuple[ast.Call, str]] = []
@@ -140,7 +143,8 @@ class ModuleFacts:
                 self._mentions[node.id].append(node)
             elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
                 self._mentions["." + node.attr].append(node)
-        self._values: dict[int, list[Origin]] = {}
+        self._values: dict[str, list[Origin]] = {}
+        self._resolving: set[str] = set()
         self.guards = guards.Guards(self)
 
     # -- bindings ------------------------------------------------------------------------
@@ -148,6 +152,7 @@ class ModuleFacts:
         key = dotted(target)
         if key is not None:
             self.origins[key].append(origin)
+            self.sites[key].append(self._site)
         elif isinstance(target, (ast.Tuple, ast.List)):
             for element in target.elts:
                 self._bind(element, origin)
@@ -155,6 +160,7 @@ class ModuleFacts:
             self._bind(target.value, Opaque())
 
     def _collect(self, node: ast.AST) -> None:
+        self._site = node
         if isinstance(node, ast.Assign):
             for target in node.targets:
                 pairs = isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple)
@@ -284,9 +290,25 @@ class ModuleFacts:
             if func.value.id in ("self", "cls"):
                 own = self.functions.get(func.attr)
                 return (self, own[-1]) if own else None
+            method_of = self._method_of_instance(func.value, func.attr)
+            if method_of is not None:
+                return self, method_of
             module = self.aliases.get(func.value.id)
             if module is not None:
                 return self._sibling_function(f"{module}.{func.attr}")
+        return None
+
+    def _method_of_instance(self, owner: ast.expr, name: str) -> Function | None:
+        """``trainer.fit`` with ``trainer = Trainer(...)``: the method of this module's class."""
+        classes = {
+            v.func.id
+            for v in self.values(owner)
+            if isinstance(v, ast.Call) and isinstance(v.func, ast.Name)
+        }
+        for candidate in self.functions.get(name, []):
+            parent = self.parents.get(candidate)
+            if isinstance(parent, ast.ClassDef) and parent.name in classes:
+                return candidate
         return None
 
     def _sibling_function(self, qualified: str) -> tuple[ModuleFacts, Function] | None:
@@ -357,14 +379,20 @@ class ModuleFacts:
                     if rets and all(r is not None for r in rets):
                         return [v for r in rets if r is not None for v in self.values(r, depth + 1)]
             return [node] if isinstance(node, ast.expr) else []
-        cached = self._values.get(id(node)) if depth == 0 else None
+        cached = self._values.get(key) if depth == 0 else None
         if cached is not None:
             return cached
+        if key in self._resolving:  # `x = f(x)`, or a method found through x's own value
+            return []
+        self._resolving.add(key)
         result: list[Origin] = []
-        for origin in self.origins.get(key, []):
-            result += self._follow(origin, depth)
+        try:
+            for origin in self.origins.get(key, []):
+                result += self._follow(origin, depth)
+        finally:
+            self._resolving.discard(key)
         if depth == 0:
-            self._values[id(node)] = result
+            self._values[key] = result
         return result
 
     def _follow(self, origin: Origin, depth: int) -> list[Origin]:
@@ -374,6 +402,8 @@ class ModuleFacts:
             passed = self.arguments(origin)
             if passed is None:
                 return [Opaque()]
+            # `f(target)` into `def f(target)`: the name's other origins say it all
+            passed = [a for a in passed if dotted(a) != origin.name]
             return [v for a in passed for v in self.values(a, depth + 1) or [Opaque()]]
         if isinstance(origin, ast.expr) and (
             dotted(origin) is not None or isinstance(origin, ast.Call)
@@ -400,9 +430,9 @@ class ModuleFacts:
         """True: the test holds only on the main process; False: only off it; None: unknown."""
         return self.guards.main_test(test)
 
-    def main_only(self, node: ast.AST) -> bool:
+    def main_only(self, node: ast.AST, *, within: bool = False) -> bool:
         """``node`` runs on the main process only (see :meth:`guards.Guards.main_only`)."""
-        return self.guards.main_only(node)
+        return self.guards.main_only(node, within=within)
 
 
 def _default(func: Function, param: Param) -> ast.expr | None:

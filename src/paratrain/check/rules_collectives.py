@@ -160,15 +160,80 @@ STOP_WORDS = (
 NOT_METRICS = ("step", "epoch", "iter", "max_", "args", "config", "cfg")
 
 
-def _metric_test(test: ast.AST) -> bool:
-    for node in ast.walk(test):
-        name = last_name(node).lower()
-        if not name or isinstance(node, ast.Call):
+def _is_metric(key: str) -> bool:
+    name = key.rsplit(".", 1)[-1].lower()
+    return any(w in name for w in STOP_WORDS) and not any(w in key.lower() for w in NOT_METRICS)
+
+
+def _read_names(node: ast.AST) -> set[str]:
+    """The whole dotted names ``node`` reads (``self.stopper``, not ``self``), called ones
+    without their method (``self.stopper`` for ``self.stopper.step(x)``)."""
+    found: set[str] = set()
+    inner: set[int] = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Attribute):
+            inner.add(id(n.value))
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute):
+            inner.add(id(n.func))
+            found.discard(dotted(n.func) or "")
+    for n in ast.walk(node):
+        if isinstance(n, (ast.Name, ast.Attribute)) and id(n) not in inner:
+            key = dotted(n)
+            if key is not None and key not in ("self", "cls"):
+                found.add(key)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute):
+            owner = dotted(n.func.value)
+            if owner is not None and owner not in ("self", "cls"):
+                found.add(owner)
+    return found
+
+
+def _influences(facts: ModuleFacts, test: ast.AST) -> set[str]:
+    """The names ``test`` depends on: the names it reads, what they were set from (through
+    helpers' returns) and the ``if`` tests their assignments sit under (``bad_epochs += 1``
+    under ``if val_loss >= best``)."""
+    seen: set[str] = set()
+    frontier = list(_read_names(test))
+    while frontier and len(seen) < 200:
+        key = frontier.pop()
+        if key in seen:
             continue
-        text = (dotted(node) or "").lower()
-        if any(w in name for w in STOP_WORDS) and not any(w in text for w in NOT_METRICS):
-            return True
-    return False
+        seen.add(key)
+        more: set[str] = set()
+        for value in facts.values_of(key) if key.isidentifier() or "." in key else []:
+            if isinstance(value, ast.expr):
+                more |= _read_names(value)
+        for site in facts.sites.get(key, []):
+            if isinstance(site, ast.AugAssign):
+                more |= _read_names(site.value)
+            for _, parent in facts.ancestors(site):
+                if isinstance(parent, (ast.If, ast.While)):
+                    more |= _read_names(parent.test)
+                if isinstance(parent, (*FUNCTIONS, ast.ClassDef)):
+                    break
+        frontier += sorted(more - seen)
+    return seen
+
+
+def _shared(facts: ModuleFacts) -> set[str]:
+    """Names every rank holds the same value of: a collective's tensors (in place), and what a
+    reducing helper returns (``reduce_tensor(x)``, ``run.reduce(x)``)."""
+    found: set[str] = set()
+    for call, qual in facts.calls():
+        name = last_name(call.func).lower()
+        exchanging = qual.startswith("torch.distributed.") and (
+            "reduce" in name or "gather" in name or "broadcast" in name or "scatter" in name
+        )
+        if exchanging and call.args:  # the tensor (or list of them) it fills in place
+            first = call.args[0]
+            parts = first.elts if isinstance(first, (ast.List, ast.Tuple)) else [first]
+            found |= {k for p in parts if (k := dotted(p)) is not None}
+        elif any(w in name for w in ("reduce", "gather", "broadcast", "sync", "all_")):
+            parent = facts.parents.get(call)
+            if isinstance(parent, ast.Assign):
+                for target in parent.targets:
+                    found |= _read_names(target)
+    return found
 
 
 def _trains(facts: ModuleFacts, scope: ast.AST, depth: int = 0) -> bool:
@@ -193,13 +258,15 @@ def early_stop_one_rank(tree: ast.Module, lines: Sequence[str]) -> Iterator[Find
     facts = module_facts(tree)
     if not facts.distributed:
         return
+    shared = _shared(facts)
     for node in facts.nodes:
         if not isinstance(node, (ast.Break, ast.Return)):
             continue
         test, loop = _stop_test(facts, node)
-        if test is None or loop is None or not _metric_test(test):
+        if test is None or loop is None or not _trains(facts, loop) or facts.main_only(node):
             continue
-        if not _trains(facts, loop) or _exchanges(facts, loop) or facts.main_only(node):
+        depends = _influences(facts, test)
+        if not any(_is_metric(k) for k in depends) or depends & shared:
             continue
         yield Finding.at(
             "PT025",
@@ -233,13 +300,32 @@ def _stop_test(facts: ModuleFacts, stop: ast.AST) -> tuple[ast.expr | None, ast.
 # -- PT026 ------------------------------------------------------------------------------------
 def _does(facts: ModuleFacts, call: ast.Call, what: str, depth: int = 0) -> bool:
     """``call`` is ``torch.<what>`` or runs a function of this module that calls it."""
+    return bool(_inner(facts, call, what, depth))
+
+
+def _inner(facts: ModuleFacts, call: ast.Call, what: str, depth: int = 0) -> list[ast.Call]:
+    """The ``torch.<what>`` calls ``call`` makes: itself, or those of the functions it runs."""
     if facts.qualname(call.func) == f"torch.{what}":
-        return True
+        return [call]
     found = facts.function_of(call) if depth < 2 else None
     if found is None:
-        return False
+        return []
     owner, func = found
-    return any(isinstance(n, ast.Call) and _does(owner, n, what, depth + 1) for n in ast.walk(func))
+    return [
+        inner
+        for n in ast.walk(func)
+        if isinstance(n, ast.Call)
+        for inner in _inner(owner, n, what, depth + 1)
+    ]
+
+
+def _saves_on_main(facts: ModuleFacts, call: ast.Call) -> bool:
+    """``call`` saves, on the main process only: guarded where it is called, or every save it
+    makes is guarded inside the function it runs."""
+    saves = [s for s in _inner(facts, call, "save") if s is not call]
+    if facts.qualname(call.func) == "torch.save" or facts.main_only(call):
+        return facts.main_only(call)
+    return bool(saves) and all(facts.main_only(s, within=True) for s in saves)
 
 
 PATH_WORDS = ("path", "file", "ckpt", "checkpoint", "dir", "best", "cache", "out", "weights",
@@ -250,6 +336,10 @@ def _paths(facts: ModuleFacts, call: ast.Call) -> set[str]:
     """The texts of what may name a file among ``call``'s arguments: strings, f-strings,
     ``os.path.join(...)`` and names that read like paths (``path``, ``args.ckpt``)."""
     found: set[str] = set()
+    for what in ("save", "load"):  # the paths the functions it runs write or read
+        for inner in _inner(facts, call, what):
+            if inner is not call:
+                found |= _paths(facts, inner)
     for arg in [*call.args, *(k.value for k in call.keywords)]:
         if isinstance(arg, (ast.Constant, ast.JoinedStr)) or (
             isinstance(arg, ast.Call) and (last_name(arg.func) in ("join", "Path"))
@@ -285,7 +375,7 @@ def load_before_save_done(tree: ast.Module, lines: Sequence[str]) -> Iterator[Fi
         calls.sort(key=lambda c: (c.lineno, c.col_offset))
         saved: set[str] = set()
         for call in calls:
-            if _does(facts, call, "save") and facts.main_only(call):
+            if _saves_on_main(facts, call):
                 saved |= _paths(facts, call)
             elif saved and _waits(facts, call):
                 saved = set()

@@ -53,7 +53,7 @@ def _units(folder: Path) -> list[list[Path]]:
     """Top-level scripts one by one; each sub-folder as one project."""
     units: list[list[Path]] = []
     for entry in sorted(folder.iterdir()):
-        if entry.suffix == ".py" or entry.is_dir() and not entry.name.startswith((".", "_")):
+        if entry.suffix == ".py" or (entry.is_dir() and not entry.name.startswith((".", "_"))):
             units.append([entry])
     return units
 
@@ -103,18 +103,15 @@ def table(result: Score) -> str:
     planted = sum(result.planted.values())
     found = sum(result.found.values())
     false = sum(result.false.values())
-    rows.append(
-        f"| all | {planted} | {found} | {false} | {pct(found / (found + false) if found + false else None)} "
-        f"| {pct(found / planted if planted else None)} |"
-    )
+    precision = found / (found + false) if found + false else None
+    recall = found / planted if planted else None
+    rows.append(f"| all | {planted} | {found} | {false} | {pct(precision)} | {pct(recall)} |")
     return "\n".join(rows)
 
 
 def main(argv: list[str]) -> int:
     result = score()
-    print(
-        f"{result.clean} clean scripts, {sum(result.planted.values())} with one planted mistake"
-    )
+    print(f"{result.clean} clean scripts, {sum(result.planted.values())} with one planted mistake")
     print(table(result))
     if "--misses" in argv:
         for miss in result.misses:
