@@ -260,8 +260,8 @@ class Guards:
 
     def _after_exit(self, child: ast.AST, parent: ast.AST) -> bool:
         for block in ("body", "orelse", "finalbody"):
-            siblings: list[ast.AST] = getattr(parent, block, None) or []
-            if child in siblings:
+            siblings = getattr(parent, block, None)
+            if isinstance(siblings, list) and child in siblings:
                 earlier = siblings[: siblings.index(child)]
                 return any(self._exits_off_main(s) for s in earlier)
         return False
