@@ -77,7 +77,10 @@ def _is_mean(facts: ModuleFacts, node: ast.expr) -> bool:
             return True
         text = _words(value) if dotted(value) or isinstance(value, ast.Call) else ""
         if any(w in text for w in MEAN_WORDS) and not any(w in text for w in SUM_WORDS):
-            return dotted(value) is not None or method(value) in ("detach", "clone", "item")
+            stacked = isinstance(value, ast.Call) and last_name(value.func) in ("stack", "cat")
+            return dotted(value) is not None or stacked or method(value) in (
+                "detach", "clone", "item",
+            )  # fmt: skip
     return False
 
 

@@ -217,7 +217,13 @@ def _sharded_loader(facts: ModuleFacts, iterable: ast.expr) -> bool:
         if not iterable.args:
             return False
         iterable = iterable.args[0]
-    origins = facts.values(iterable)
+    origins = facts.values(iterable) if dotted(iterable) else [iterable]
+    if (
+        len(origins) == 1
+        and isinstance(origins[0], ast.Call)
+        and last_name(origins[0].func) == "iter"
+    ):
+        return bool(origins[0].args) and _sharded_loader(facts, origins[0].args[0])
     return bool(origins) and all(
         isinstance(o, ast.Call)
         and facts.qualname(o.func).endswith("DataLoader")
@@ -237,20 +243,23 @@ def _distributed_sampler(facts: ModuleFacts, sampler: ast.expr | None) -> bool:
     )
 
 
-def _summed_over_shard(facts: ModuleFacts, name: str, scope: ast.AST) -> bool:
-    """``name += ...`` on every rank, in a loop over a loader with a (distributed) sampler."""
-    for node in own_nodes(scope):
-        if not (
-            isinstance(node, ast.AugAssign)
-            and isinstance(node.op, ast.Add)
-            and dotted(node.target) == name
-        ):
+def _summed_over_shard(facts: ModuleFacts, name: str) -> bool:
+    """``name += ...`` on every rank, in a loop over a loader with a (distributed) sampler
+    (``for b in loader``, or ``while (b := next(it)) ...`` with ``it = iter(loader)``)."""
+    for node in facts.sites.get(name, []):
+        if not (isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Add)):
             continue
         if facts.main_only(node):
             continue
-        loops = [p for _, p in facts.ancestors(node) if isinstance(p, (ast.For, ast.AsyncFor))]
-        if any(_sharded_loader(facts, loop.iter) for loop in loops):
-            return True
+        for _, loop in facts.ancestors(node):
+            if isinstance(loop, (ast.For, ast.AsyncFor)) and _sharded_loader(facts, loop.iter):
+                return True
+            if isinstance(loop, ast.While) and any(
+                _sharded_loader(facts, n.args[0])
+                for n in ast.walk(loop.test)
+                if isinstance(n, ast.Call) and last_name(n.func) == "next" and n.args
+            ):
+                return True
     return False
 
 
@@ -268,7 +277,7 @@ def _combines_anything(facts: ModuleFacts) -> bool:
 def _averages(facts: ModuleFacts, value: ast.AST) -> Iterator[ast.BinOp]:
     """The divisions ``value`` shows or its name was assigned from."""
     key = dotted(value)
-    origins: list[object] = list(facts.origins.get(key, [])) if key else [value]
+    origins: list[object] = list(facts.values(value)) if key else [value]
     if not origins or not all(
         isinstance(o, ast.BinOp) and isinstance(o.op, ast.Div) for o in origins
     ):
@@ -285,7 +294,7 @@ def _shard_average(facts: ModuleFacts, call: ast.Call) -> ast.BinOp | None:
     for value in (n for a in args for n in ast.walk(a)):
         for division in _averages(facts, value):
             summed = {d for n in ast.walk(division.left) if (d := dotted(n)) is not None}
-            if any(_summed_over_shard(facts, s, scope) for s in summed):
+            if any(_summed_over_shard(facts, s) for s in summed):
                 return division
     return None
 

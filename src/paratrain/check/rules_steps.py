@@ -7,7 +7,7 @@ gradient accumulation whose loss is not divided by the number of micro-batches.
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from paratrain.check.findings import Finding, rule
@@ -24,8 +24,18 @@ FP16 = {"torch.float16", "torch.half"}
 
 
 def _autocasts(facts: ModuleFacts) -> list[tuple[ast.Call, str]]:
-    """Every autocast call: torch's, or any object's ``.autocast()`` (Accelerate, Fabric)."""
-    return [(c, q) for c, q in facts.calls() if q.endswith("autocast") or method(c) == "autocast"]
+    """Every autocast call: torch's, any object's ``.autocast()`` (Accelerate, Fabric), or a
+    name set to one (``amp_autocast = partial(torch.autocast, ...)``); a name that is only ever
+    ``nullcontext`` (``amp_autocast = nullcontext``, never switched on) is not one."""
+    found: list[tuple[ast.Call, str]] = []
+    for call, qual in facts.calls():
+        if method(call) == "autocast" or qual.endswith(".autocast") or qual == "autocast":
+            found.append((call, qual))
+        elif qual.endswith("autocast") and isinstance(call.func, ast.Name):
+            values = [v for v in facts.values(call.func) if isinstance(v, ast.expr)]
+            if not values or any("autocast" in ast.unparse(v) for v in values):
+                found.append((call, qual))
+    return found
 
 
 def _fp16_autocast(facts: ModuleFacts, call: ast.Call, qual: str) -> bool:
@@ -33,7 +43,13 @@ def _fp16_autocast(facts: ModuleFacts, call: ast.Call, qual: str) -> bool:
     a dtype: torch.cuda.amp's, ``torch.autocast("cuda")`` (float16 unless told)."""
     dtype = keyword(call, "dtype")
     if dtype is not None:
-        values = facts.values(dtype) or [dtype]
+        values: list[object] = []
+        for v in facts.values(dtype) or [dtype]:
+            key = dotted(v) if isinstance(v, ast.expr) else None
+            if key and "." in key and not facts.origins.get(key):  # `cfg.amp_dtype`: a field
+                values += facts.values_of(key.rsplit(".", 1)[-1]) or [v]
+            else:
+                values.append(v)
         return all(isinstance(v, ast.expr) and facts.qualname(v) in FP16 for v in values)
     if qual == "torch.cuda.amp.autocast":
         return not call.args
@@ -238,11 +254,18 @@ class Accumulation:
 
 
 def _accumulations(facts: ModuleFacts) -> Iterator[Accumulation]:
-    """The loops with ``if (i + 1) % N == 0: optimizer.step()`` (a loop counter on the left)."""
+    """The loops with ``if (i + 1) % N == 0: optimizer.step()`` (a loop counter on the left),
+    and the functions run once per micro-batch with such a test on a parameter
+    (``def train_step(self, it, batch): ... if (it + 1) % self.accum == 0: ...``)."""
     for loop in facts.nodes:
-        if not isinstance(loop, LOOPS):
+        if isinstance(loop, LOOPS):
+            counters = _counters(loop)
+        elif isinstance(loop, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            args = loop.args
+            counters = {a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)}
+            counters -= {"self", "cls"}
+        else:
             continue
-        counters = _counters(loop)
         calls: list[tuple[ast.Call, bool]] = []
         count: ast.expr | None = None
         for node in ast.walk(loop):
@@ -300,6 +323,8 @@ def zero_grad_every_micro_batch(tree: ast.Module, lines: Sequence[str]) -> Itera
     facts = module_facts(tree)
     for acc in _accumulations(facts):
         for call, always in acc.calls:
+            if always and method(call) != "zero_grad":
+                call = _in_helper(facts, call, lambda c: method(c) == "zero_grad") or call
             if always and method(call) == "zero_grad":
                 yield Finding.at(
                     "PT022",
@@ -311,6 +336,23 @@ def zero_grad_every_micro_batch(tree: ast.Module, lines: Sequence[str]) -> Itera
                     api="with run.accumulate(model): run.backward(loss); run.step(optimizer) "
                     "(steps and zeroes every N micro-batches)",
                 )
+
+
+def _in_helper(
+    facts: ModuleFacts, call: ast.Call, wanted: Callable[[ast.Call], bool]
+) -> ast.Call | None:
+    """The first call ``wanted`` that the function ``call`` runs makes on every run (no
+    ``if`` around it), or None."""
+    found = facts.function_of(call)
+    if found is None or found[0] is not facts:
+        return None
+    func = found[1]
+    for node in ast.walk(func):
+        if isinstance(node, ast.Call) and wanted(node):
+            path = _between(facts, node, func)
+            if path is not None and not any(isinstance(p, (ast.If, ast.Try)) for p in path):
+                return node
+    return None
 
 
 def _is_scheduler_step(call: ast.Call) -> bool:

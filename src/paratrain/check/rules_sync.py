@@ -10,6 +10,7 @@ import ast
 from collections.abc import Iterator, Sequence
 
 from paratrain.check.findings import Finding, rule
+from paratrain.check.guards import MULTI, SINGLE
 from paratrain.check.patterns import FUNCTIONS, ModuleFacts, dotted, last_name, method, module_facts
 
 DDP = ("DistributedDataParallel",)
@@ -96,10 +97,27 @@ def forward_bypasses_ddp(tree: ast.Module, lines: Sequence[str]) -> Iterator[Fin
         )
 
 
+def _always_no_sync(facts: ModuleFacts, context: ast.expr) -> bool:
+    """``model.no_sync()``, or ``model.no_sync() if world_size > 1 else nullcontext()``: a
+    choice made on the run's shape (not on the micro-batch) is no_sync whenever it matters."""
+    options: list[ast.expr] = [context]
+    if isinstance(context, ast.Name):
+        options = [v for v in facts.values(context) if isinstance(v, ast.expr)]
+    for option in options:
+        if method(option) == "no_sync":
+            return True
+        shaped = isinstance(option, ast.IfExp) and facts.guards.rank_test(option.test) in (
+            MULTI, SINGLE,
+        )  # fmt: skip
+        if shaped and any(method(b) == "no_sync" for b in (option.body, option.orelse)):  # type: ignore[attr-defined]
+            return True
+    return False
+
+
 def _in_no_sync(facts: ModuleFacts, node: ast.AST) -> bool:
     for _, parent in facts.ancestors(node):
         if isinstance(parent, (ast.With, ast.AsyncWith)) and any(
-            method(i.context_expr) == "no_sync" for i in parent.items
+            _always_no_sync(facts, i.context_expr) for i in parent.items
         ):
             return True
     return False
