@@ -218,12 +218,9 @@ def _sharded_loader(facts: ModuleFacts, iterable: ast.expr) -> bool:
             return False
         iterable = iterable.args[0]
     origins = facts.values(iterable) if dotted(iterable) else [iterable]
-    if (
-        len(origins) == 1
-        and isinstance(origins[0], ast.Call)
-        and last_name(origins[0].func) == "iter"
-    ):
-        return bool(origins[0].args) and _sharded_loader(facts, origins[0].args[0])
+    first = origins[0] if len(origins) == 1 else None
+    if isinstance(first, ast.Call) and last_name(first.func) == "iter" and first.args:
+        return _sharded_loader(facts, first.args[0])  # `it = iter(loader)`
     return bool(origins) and all(
         isinstance(o, ast.Call)
         and facts.qualname(o.func).endswith("DataLoader")
@@ -289,7 +286,6 @@ def _averages(facts: ModuleFacts, value: ast.AST) -> Iterator[ast.BinOp]:
 
 def _shard_average(facts: ModuleFacts, call: ast.Call) -> ast.BinOp | None:
     """The average ``call`` reports that no rank shares with the others, or None."""
-    scope = facts.scope_of(call)
     args = [*call.args, *(k.value for k in call.keywords)]
     for value in (n for a in args for n in ast.walk(a)):
         for division in _averages(facts, value):
