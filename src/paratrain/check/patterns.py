@@ -143,6 +143,8 @@ class ModuleFacts:
                 self._mentions[node.id].append(node)
             elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
                 self._mentions["." + node.attr].append(node)
+        self.memo: dict[object, object] = {}
+        """What rules compute once per module and share (keyed by the rule's own names)."""
         self._values: dict[str, list[Origin]] = {}
         self._resolving: set[str] = set()
         self.guards = guards.Guards(self)

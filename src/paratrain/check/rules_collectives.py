@@ -314,12 +314,16 @@ def _inner(facts: ModuleFacts, call: ast.Call, what: str, depth: int = 0) -> lis
     if found is None:
         return []
     owner, func = found
-    return [
-        inner
-        for n in ast.walk(func)
-        if isinstance(n, ast.Call)
-        for inner in _inner(owner, n, what, depth + 1)
-    ]
+    key = ("inner", id(func), what, depth)
+    cached = owner.memo.get(key)
+    if cached is None:
+        cached = owner.memo[key] = [
+            inner
+            for n in ast.walk(func)
+            if isinstance(n, ast.Call)
+            for inner in _inner(owner, n, what, depth + 1)
+        ]
+    return cached  # type: ignore[return-value]
 
 
 def _saves_on_main(facts: ModuleFacts, call: ast.Call) -> bool:
@@ -383,8 +387,9 @@ def load_before_save_done(tree: ast.Module, lines: Sequence[str]) -> Iterator[Fi
             elif saved and _waits(facts, call):
                 saved = set()
             elif (
-                saved & _paths(facts, call)
+                saved
                 and _does(facts, call, "load")
+                and saved & _paths(facts, call)
                 and not facts.main_only(call)
             ):
                 yield Finding.at(

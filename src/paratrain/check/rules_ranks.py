@@ -30,7 +30,15 @@ COLLECTIVES = {
 
 def _training_scopes(facts: ModuleFacts) -> set[ast.AST]:
     """Functions (or the module) that start the process group, wrap in DDP or call backward,
-    and every function of this module they call (a helper every rank runs)."""
+    the functions that call them, and every function of this module those call or hand on
+    (a helper or callback every rank runs). Found once per module."""
+    cached = facts.memo.get("training scopes")
+    if cached is None:
+        cached = facts.memo["training scopes"] = _find_training_scopes(facts)
+    return cached  # type: ignore[return-value]
+
+
+def _find_training_scopes(facts: ModuleFacts) -> set[ast.AST]:
     scopes: set[ast.AST] = set()
     for call, qual in facts.calls():
         method = call.func.attr if isinstance(call.func, ast.Attribute) else ""

@@ -253,12 +253,36 @@ class Accumulation:
     pass (no ``if``/``try`` around it inside the loop)."""
 
 
-def _accumulations(facts: ModuleFacts) -> Iterator[Accumulation]:
+def _accumulations(facts: ModuleFacts) -> list[Accumulation]:
     """The loops with ``if (i + 1) % N == 0: optimizer.step()`` (a loop counter on the left),
     and the functions run once per micro-batch with such a test on a parameter
-    (``def train_step(self, it, batch): ... if (it + 1) % self.accum == 0: ...``)."""
-    for loop in facts.nodes:
-        if isinstance(loop, LOOPS):
+    (``def train_step(self, it, batch): ... if (it + 1) % self.accum == 0: ...``). Found once
+    per module (three rules share them)."""
+    cached = facts.memo.get("accumulations")
+    if cached is None:
+        cached = facts.memo["accumulations"] = list(_find_accumulations(facts))
+    return cached  # type: ignore[return-value]
+
+
+def _find_accumulations(facts: ModuleFacts) -> Iterator[Accumulation]:
+    done: set[int] = set()
+    for step, _ in facts.calls():
+        if not _is_optimizer_step(step):
+            continue
+        tests: list[ast.expr] = []
+        window: ast.AST | None = None
+        for _, parent in facts.ancestors(step):
+            if isinstance(parent, ast.If):
+                tests.append(parent.test)
+            if isinstance(parent, (*LOOPS, ast.FunctionDef, ast.AsyncFunctionDef)):
+                window = parent
+                break
+            if isinstance(parent, (ast.Lambda, ast.ClassDef)):
+                break
+        if window is None or id(window) in done:
+            continue
+        loop = window
+        if isinstance(loop, (ast.For, ast.AsyncFor, ast.While)):
             counters = _counters(loop)
         elif isinstance(loop, (ast.FunctionDef, ast.AsyncFunctionDef)):
             args = loop.args
@@ -266,23 +290,20 @@ def _accumulations(facts: ModuleFacts) -> Iterator[Accumulation]:
             counters -= {"self", "cls"}
         else:
             continue
+        count = next(
+            (c for t in tests if (c := _accumulation_count(t, counters, facts)) is not None), None
+        )
+        if count is None:
+            continue
+        done.add(id(loop))
         calls: list[tuple[ast.Call, bool]] = []
-        count: ast.expr | None = None
         for node in ast.walk(loop):
-            if not isinstance(node, ast.Call):
-                continue
-            path = _between(facts, node, loop)
-            if path is None:
-                continue
-            calls.append((node, not any(isinstance(p, (ast.If, ast.IfExp, ast.Try)) for p in path)))
-            if _is_optimizer_step(node) and count is None:
-                for parent in path:
-                    if isinstance(parent, ast.If):
-                        count = _accumulation_count(parent.test, counters, facts)
-                        if count is not None:
-                            break
-        if count is not None:
-            yield Accumulation(loop, count, calls)
+            if isinstance(node, ast.Call):
+                path = _between(facts, node, loop)
+                if path is not None:
+                    guarded = any(isinstance(p, (ast.If, ast.IfExp, ast.Try)) for p in path)
+                    calls.append((node, not guarded))
+        yield Accumulation(loop, count, calls)
 
 
 @rule("PT019", "accumulation-not-divided", "gradient accumulation without dividing the loss")
