@@ -103,6 +103,52 @@ def test_missing_path_and_broken_script_end_without_traceback(
     assert code == 2 and "Traceback" not in err
     assert f"paratrain: error: {broken}:1:" in err and "cannot parse" in err
     assert "PT012" in out  # the other script is still checked
+    assert out.splitlines()[-2] == (
+        "Found 2 problems in 1 of 2 scripts checked (1 could not be parsed)."
+    )
+
+
+def test_json_reports_an_unparsable_script_as_an_entry_without_a_rule(
+    tmp_path: Path, script: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    broken = tmp_path / "broken.py"
+    broken.write_text("x = 1\nfor x in :\n")
+    code, out, err = _run(["--json", str(broken), str(script)], capsys)
+    entries = json.loads(out)
+    assert code == 2 and "cannot parse" in err
+    assert [e["rule"] for e in entries] == ["PT012", "PT008", None]
+    assert entries[-1]["path"] == broken.as_posix() and entries[-1]["line"] == 2
+    assert entries[-1]["message"].startswith("cannot parse:")
+
+
+def test_a_script_named_twice_is_checked_once(
+    script: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = _run([str(script), str(script.parent)], capsys)
+    assert code == 1 and out.count("PT012") == 1
+    assert out.splitlines()[-2] == "Found 2 problems in 1 of 1 script checked."
+
+
+def test_a_folder_is_one_project_whose_modules_see_each_other(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``utils.is_main_process()`` guards when utils.py says what it returns; a helper of a
+    sibling module that starts the process group makes the script distributed."""
+    (tmp_path / "utils.py").write_text(
+        "import torch.distributed as dist\n"
+        "def init_distributed(rank):\n    dist.init_process_group('nccl', rank=rank)\n"
+        "def is_main_process():\n    return dist.get_rank() == 0\n"
+    )
+    (tmp_path / "main.py").write_text(
+        "import torch\nimport utils\nutils.init_distributed(0)\n"
+        "def train(model, loss):\n    loss.backward()\n"
+        "    if utils.is_main_process():\n        torch.save(model.state_dict(), 'm.pt')\n"
+        "    torch.save(model.state_dict(), 'last.pt')\n"
+    )
+    code, out, _ = _run(["--select", "PT010", str(tmp_path)], capsys)
+    assert code == 1 and [ln.split(": ")[0] for ln in out.splitlines() if "PT010" in ln] == [
+        f"{(tmp_path / 'main.py').as_posix()}:8:5"
+    ]
 
 
 def test_examples_are_clean_but_the_seed_originals(capsys: pytest.CaptureFixture[str]) -> None:
