@@ -55,3 +55,29 @@ def test_inline_sampler_needs_loader_sampler_set_epoch() -> None:
     assert flagged(bad, "PT005") == [3]
     good = bad.replace("for i in range(2):", "loader.sampler.set_epoch(epoch)\n            if 1:")
     assert flagged(good, "PT005") == []
+
+
+def test_a_sampler_that_does_not_shuffle_needs_no_set_epoch() -> None:
+    code = """
+    from torch.utils.data import DataLoader, DistributedSampler
+    sampler = DistributedSampler(ds, shuffle=False)
+    loader = DataLoader(ds, sampler=sampler)
+    for epoch in range(3):
+        for x, y in loader:
+            pass
+    """
+    assert flagged(code, "PT005") == []
+    assert flagged(code.replace("shuffle=False", "shuffle=True"), "PT005") == [5]
+
+
+def test_shuffle_through_a_kwargs_dict_or_a_partial_is_found() -> None:
+    code = """
+    import functools
+    from torch.utils.data import DataLoader, DistributedSampler
+    kwargs = {"batch_size": 8}
+    kwargs.update({"shuffle": True})
+    a = DataLoader(ds, sampler=DistributedSampler(ds), **kwargs)
+    make = functools.partial(DataLoader, shuffle=True)
+    b = make(ds, sampler=DistributedSampler(ds))
+    """
+    assert flagged(code, "PT004") == [6, 8]

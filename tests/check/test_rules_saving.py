@@ -96,3 +96,13 @@ def test_a_model_the_fragment_never_binds_is_taken_for_a_module() -> None:
     """
     assert flagged(good, "PT007") == []
     assert flagged("import torch\nfrom mypkg import *\ntorch.save(model, 'm.pt')\n", "PT007") == []
+
+
+def test_a_load_inside_safe_globals_means_weights_only() -> None:
+    code = """
+    import torch
+    with torch.serialization.safe_globals([Config]):
+        state = torch.load("m.pt", map_location="cpu")
+    other = torch.load("m.pt", map_location="cpu")
+    """
+    assert flagged(code, "PT008") == [5]

@@ -96,3 +96,40 @@ def test_divided_or_unaccumulated_losses_are_fine() -> None:
             print(loss.item())
     """
     assert flagged(good, "PT019") == []
+
+
+def test_a_division_of_something_else_by_the_count_does_not_hide_an_undivided_loss() -> None:
+    """``len(loader) // accum`` sizes the scheduler; it does not divide the loss."""
+    bad = """
+    import torch
+    steps = len(loader) // accum
+    for i, (x, y) in enumerate(loader):
+        loss = criterion(model(x), y)
+        loss.backward()
+        if (i + 1) % accum == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+    """
+    assert flagged(bad, "PT019") == [6]
+    assert flagged(bad.replace("loss.backward()", "(loss / accum).backward()"), "PT019") == []
+
+
+def test_an_fp16_autocast_by_default_and_a_dtype_set_elsewhere_are_fp16() -> None:
+    bad = """
+    import torch
+    amp_dtype = torch.float16
+    for x, y in loader:
+        with torch.autocast("cuda"):
+            loss = criterion(model(x), y)
+        with torch.autocast("cuda", dtype=amp_dtype):
+            loss = criterion(model(x), y)
+        loss.backward()
+    """
+    assert flagged(bad, "PT018") == [5, 7]
+    assert (
+        flagged(
+            bad.replace("float16", "bfloat16").replace('"cuda")', '"cuda", dtype=amp_dtype)'),
+            "PT018",
+        )
+        == []
+    )
