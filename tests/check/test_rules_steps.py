@@ -133,3 +133,20 @@ def test_an_fp16_autocast_by_default_and_a_dtype_set_elsewhere_are_fp16() -> Non
         )
         == []
     )
+
+
+def test_a_gan_whose_generator_steps_every_n_batches_is_not_accumulation() -> None:
+    """WGAN: the critic steps every batch, the generator every n_critic: nothing to divide."""
+    code = """
+    for i, (imgs, _) in enumerate(loader):
+        optimizer_D.zero_grad()
+        loss_D = critic(imgs).mean()
+        loss_D.backward()
+        optimizer_D.step()
+        if i % n_critic == 0:
+            optimizer_G.zero_grad()
+            loss_G = -critic(gen(z)).mean()
+            loss_G.backward()
+            optimizer_G.step()
+    """
+    assert [flagged(code, r) for r in ("PT019", "PT022", "PT027")] == [[], [], []]

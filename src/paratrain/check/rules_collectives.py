@@ -447,8 +447,11 @@ def cpu_tensor_nccl(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]
     cpu", or "Tensors must be CUDA and dense").
     """
     facts = module_facts(tree)
-    if not _nccl_only(facts):
-        return
+    if not _nccl_only(facts) or any(
+        last_name(c.func) in ("set_default_device", "set_default_tensor_type")
+        for c, _ in facts.calls()
+    ):
+        return  # tensors are made on the GPU by default
     for call, _ in facts.calls():
         name = _collective(facts, call)
         if name is None or not call.args:

@@ -303,6 +303,8 @@ def _find_accumulations(facts: ModuleFacts) -> Iterator[Accumulation]:
                 if path is not None:
                     guarded = any(isinstance(p, (ast.If, ast.IfExp, ast.Try)) for p in path)
                     calls.append((node, not guarded))
+        if any(always and _is_optimizer_step(c) for c, always in calls):
+            continue  # another optimizer steps every batch (a GAN's critic): not accumulation
         yield Accumulation(loop, count, calls)
 
 
