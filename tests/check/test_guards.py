@@ -140,3 +140,17 @@ def test_values_are_followed_through_names_parameters_and_returns() -> None:
     assert flagged(code, "PT001") == [14]
     assert flagged(code, "PT006") == [16]
     assert flagged(code, "PT002") == [20]
+
+
+@pytest.mark.parametrize(
+    "guard",
+    [
+        "if not dist.get_rank():",
+        "if self._is_rank_zero:",
+        "if os.environ.get('RANK', '0') == '0':",
+        "is_main = dist.get_rank() == 0 if dist.is_initialized() else True\nif is_main:",
+    ],
+)
+def test_truth_values_private_names_strings_and_conditional_flags_are_guards(guard: str) -> None:
+    code = _script(guard)
+    assert flagged(code, "PT010") == [] and flagged(code, "PT016") == []

@@ -149,15 +149,22 @@ class Guards:
         """Where ``test`` holds: MAIN, OFF, SINGLE (no process group), MULTI, or None."""
 
         if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+            if self._bare_rank(test.operand):
+                return MAIN  # `if not rank:`
             inner = self.rank_test(test.operand)
             return None if inner is None else _NEGATE[inner]
+        if self._bare_rank(test):
+            return OFF  # `if rank:` (any rank but 0)
+        if isinstance(test, ast.IfExp):  # `get_rank() == 0 if is_initialized() else True`
+            kinds = [SINGLE if is_true(b) else self.rank_test(b) for b in (test.body, test.orelse)]
+            return MAIN if MAIN in kinds and all(k in (MAIN, SINGLE) for k in kinds) else None
         if isinstance(test, ast.BoolOp):
             return _combine(isinstance(test.op, ast.And), [self.rank_test(v) for v in test.values])
         if isinstance(test, ast.Compare) and len(test.ops) == 1:
             return self._comparison(test.left, test.ops[0], test.comparators[0])
         if isinstance(test, ast.NamedExpr):
             return self.rank_test(test.value)
-        name = last_name(test.func if isinstance(test, ast.Call) else test)
+        name = last_name(test.func if isinstance(test, ast.Call) else test).lstrip("_")
         if name in MAIN_NAMES or _main_name(name):
             return MAIN
         if name in DISTRIBUTED_NAMES:
@@ -167,13 +174,21 @@ class Guards:
         if dotted(test) is None:
             return None
         values = self.facts.values(test)
-        kinds = {
+        seen = {
             SINGLE if isinstance(v, ast.Constant) and v.value is True
             else self.rank_test(v) if isinstance(v, ast.expr) and v is not test
             else None
             for v in values
         }  # fmt: skip
-        return MAIN if values and MAIN in kinds and kinds <= {MAIN, SINGLE} else None
+        return MAIN if values and MAIN in seen and seen <= {MAIN, SINGLE} else None
+
+    def _bare_rank(self, node: ast.AST) -> bool:
+        """``rank`` / ``dist.get_rank()`` used as a truth value (not a flag named like one)."""
+        if isinstance(node, ast.Call):
+            return last_name(node.func) in RANK_CALLS
+        return dotted(node) is not None and last_name(node).lower() in (
+            "rank", "global_rank", "local_rank", "ddp_rank", "world_rank", "node_rank",
+        )  # fmt: skip
 
     def _comparison(self, left: ast.expr, op: ast.cmpop, right: ast.expr) -> str | None:
 
@@ -341,6 +356,10 @@ def _main_name(name: str) -> bool:
     )
 
 
+def is_true(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and node.value is True
+
+
 def keyword_missing(call: ast.Call, name: str) -> bool:
     return all(k.arg != name for k in call.keywords)
 
@@ -366,6 +385,8 @@ def _number(node: ast.AST | None) -> int | None:
         node, sign = node.operand, -1
     if isinstance(node, ast.Constant) and type(node.value) is int:
         return sign * node.value
+    if isinstance(node, ast.Constant) and node.value in ("0", "-1"):  # os.environ["RANK"] == "0"
+        return int(node.value)
     return None
 
 
