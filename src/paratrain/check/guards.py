@@ -25,8 +25,11 @@ from paratrain.check.syntax import dotted, env_key, last_name
 if TYPE_CHECKING:
     from paratrain.check.patterns import Function, ModuleFacts
 
-MAIN, OFF, SINGLE, MULTI = "main", "off", "single", "multi"
-"""Where a test holds: only on rank 0; only off it; only without several processes; only with."""
+MAIN, OFF, SINGLE, MULTI, ONE = "main", "off", "single", "multi", "one"
+"""Where a test holds: only on rank 0; only off it; only without several processes; only with;
+on one rank other than 0 (``rank == world_size - 1``)."""
+ALONE = (MAIN, SINGLE, ONE)
+"""Kinds under which a single process runs the code."""
 MAIN_NAMES = {
     "is_main", "is_main_process", "main_process", "is_master", "master_process", "master",
     "is_master_process", "is_rank_zero", "is_rank0", "rank_zero", "rank0", "is_global_zero",
@@ -37,11 +40,14 @@ DISTRIBUTED_NAMES = {
     "distributed", "is_distributed", "ddp", "use_ddp", "multi_gpu", "multiprocessing_distributed",
     "is_initialized", "is_dist_avail_and_initialized", "dist_initialized", "use_distributed",
 }  # fmt: skip
-RANK_ZERO_DECORATORS = {"rank_zero_only", "main_process_only", "on_main_process", "master_only"}
+RANK_ZERO_DECORATORS = {
+    "rank_zero_only", "main_process_only", "on_main_process", "master_only", "main_process",
+    "rank0_only", "on_rank_zero",
+}  # fmt: skip
 RANK_CALLS = {"get_rank", "get_local_rank", "get_global_rank", "get_node_rank"}
 RANK_ENV = {"RANK", "LOCAL_RANK"}
 EXITS = (ast.Return, ast.Continue, ast.Break, ast.Raise)
-_NEGATE = {MAIN: OFF, OFF: MAIN, SINGLE: MULTI, MULTI: SINGLE}
+_NEGATE: dict[str | None, str | None] = {MAIN: OFF, OFF: MAIN, SINGLE: MULTI, MULTI: SINGLE}
 
 
 class Guards:
@@ -138,6 +144,8 @@ class Guards:
                 or self._returns_all(node, "rank")
             )
         name = last_name(node).lower()
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+            name = str(node.slice.value).lower()  # args["rank"], env["LOCAL_RANK"]
         return (
             "rank" in name
             or name in ("gpu", "gpu_id", "process_index", "local_process_index")
@@ -151,8 +159,7 @@ class Guards:
         if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
             if self._bare_rank(test.operand):
                 return MAIN  # `if not rank:`
-            inner = self.rank_test(test.operand)
-            return None if inner is None else _NEGATE[inner]
+            return _NEGATE.get(self.rank_test(test.operand))
         if self._bare_rank(test):
             return OFF  # `if rank:` (any rank but 0)
         if isinstance(test, ast.IfExp):  # `get_rank() == 0 if is_initialized() else True`
@@ -216,8 +223,10 @@ class Guards:
             if not (self.is_rank_like(left) and isinstance(op, ast.Eq)):
                 return None
             return MAIN
-        if value is None or not self.is_rank_like(left):
+        if not self.is_rank_like(left):
             return None
+        if value is None or value > 0:  # `rank == world_size - 1`, `rank == 3`: one rank
+            return ONE if isinstance(op, ast.Eq) and not self.is_rank_like(right) else None
         if value == -1:
             if isinstance(op, (ast.Eq, ast.Is)):
                 return SINGLE
@@ -236,7 +245,7 @@ class Guards:
         """True: the test holds only on the main (or a lone) process; False: only off the
         main process; None: unknown or on every process."""
         kind = self.rank_test(test)
-        if kind in (MAIN, SINGLE):
+        if kind in ALONE:
             return True
         return False if kind == OFF else None
 
@@ -248,12 +257,12 @@ class Guards:
         facts = self.facts
         for child, parent in facts.ancestors(node):
             if isinstance(parent, (ast.If, ast.IfExp, ast.While)) and child is not parent.test:
-                main = self.main_test(parent.test)
+                kind = self.rank_test(parent.test)
                 in_body = (
                     child in parent.body if isinstance(parent, ast.If) else child is parent.body
                 ) if not isinstance(parent, ast.While) else True  # fmt: skip
-                if (main is True and in_body) or (main is False and not in_body):
-                    return True
+                if (kind if in_body else _NEGATE.get(kind)) in ALONE:
+                    return True  # the `else` of `if dist.is_initialized():` runs alone too
             elif isinstance(parent, ast.BoolOp) and isinstance(parent.op, ast.And):
                 values = parent.values
                 before = values[: values.index(child)] if child in values else []
@@ -317,8 +326,7 @@ class Guards:
         key = id(func)
         if key in self._function_main:
             return self._function_main[key]
-        if any(last_name(d.func if isinstance(d, ast.Call) else d) in RANK_ZERO_DECORATORS
-               for d in func.decorator_list):  # fmt: skip
+        if any(self._main_decorator(d) for d in func.decorator_list):
             self._function_main[key] = True
             return True
         self._function_main[key] = False  # recursion: not main-only
@@ -326,6 +334,22 @@ class Guards:
         result = bool(refs) and all(self.main_only(r) for r in refs)
         self._function_main[key] = result
         return result
+
+    def _main_decorator(self, decorator: ast.expr) -> bool:
+        """``@rank_zero_only``, or a decorator of this module whose wrapper calls the function
+        it wraps only under a rank-0 guard (LAVIS's ``@main_process``)."""
+        target = decorator.func if isinstance(decorator, ast.Call) else decorator
+        if last_name(target) in RANK_ZERO_DECORATORS:
+            return True
+        found = self.facts.function_of(ast.Call(func=target, args=[], keywords=[]))
+        if found is None or found[0] is not self.facts or not found[1].args.args:
+            return False
+        wrapped = found[1].args.args[0].arg
+        calls = [
+            n for n in ast.walk(found[1])
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == wrapped
+        ]  # fmt: skip
+        return bool(calls) and all(self.main_only(c, within=True) for c in calls)
 
     def prints_replaced(self) -> bool:
         """``builtins.print`` is replaced by one that prints on the main process only
@@ -366,7 +390,7 @@ def keyword_missing(call: ast.Call, name: str) -> bool:
 
 def _combine(conjunction: bool, kinds: list[str | None]) -> str | None:
     if conjunction:  # `a and b` holds where both hold
-        for kind in (MAIN, OFF, SINGLE):
+        for kind in (MAIN, OFF, ONE, SINGLE):
             if kind in kinds:
                 return kind
         return MULTI if kinds and all(k == MULTI for k in kinds) else None

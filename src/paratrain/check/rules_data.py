@@ -194,9 +194,9 @@ def _epoch_loops(facts: ModuleFacts, node: ast.AST, depth: int = 0) -> list[ast.
     """The loops that run ``node`` again and again: the outermost loop around it in its
     function, or, when there is none, around the calls of that function (two levels up)."""
     outermost: ast.AST | None = None
-    for _, parent in facts.ancestors(node):
-        if isinstance(parent, LOOPS):
-            outermost = parent
+    for child, parent in facts.ancestors(node):
+        if isinstance(parent, LOOPS) and child is not getattr(parent, "iter", None):
+            outermost = parent  # (`for b in batches(loader)` walks the data: not an epoch)
         elif isinstance(parent, FUNCTIONS):
             if outermost is not None or depth >= 2:
                 break

@@ -70,8 +70,13 @@ def _find_training_scopes(facts: ModuleFacts) -> set[ast.AST]:
 
 
 def _mentions_rank(facts: ModuleFacts, call: ast.Call) -> bool:
-    """``torch.save(x, f"ckpt_rank{rank}.pt")``: one file per rank is meant."""
-    return any(facts.is_rank_like(n) for arg in call.args[1:2] for n in ast.walk(arg))
+    """``torch.save(x, f"ckpt_rank{rank}.pt")``, ``SummaryWriter(f"tb/rank_{rank}")``: one
+    file (or log folder) per rank is meant."""
+    is_save = facts.qualname(call.func) == "torch.save"
+    places = call.args[1:2] if is_save else [*call.args, *(k.value for k in call.keywords)]
+    if is_save:
+        places += [k.value for k in call.keywords if k.arg == "f"]
+    return any(facts.is_rank_like(n) for arg in places for n in ast.walk(arg))
 
 
 @rule("PT010", "every-rank-writes", "torch.save or SummaryWriter outside a rank-0 guard")
@@ -95,7 +100,7 @@ def every_rank_writes(tree: ast.Module, lines: Sequence[str]) -> Iterator[Findin
                 what = "SummaryWriter"
             else:
                 continue
-            if facts.main_only(node) or (what == "torch.save" and _mentions_rank(facts, node)):
+            if facts.main_only(node) or _mentions_rank(facts, node):
                 continue
             yield Finding.at(
                 "PT010",
