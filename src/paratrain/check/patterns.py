@@ -89,9 +89,11 @@ class Param:
 
 @dataclass(frozen=True, slots=True)
 class Element:
-    """The name is one part of ``source`` unpacked: ``image, target = batch``."""
+    """The name is part ``index`` of ``source`` unpacked: ``image, target = batch``
+    (``index`` -1: a starred part)."""
 
     source: ast.expr
+    index: int = -1
 
 
 Origin = ast.expr | LoopTarget | Opaque | Param | Element
@@ -125,6 +127,8 @@ class ModuleFacts:
         """Every node, in ``ast.walk`` order (walked once, shared by the rules)."""
         self.parents: dict[ast.AST, ast.AST] = {}
         self.origins: dict[str, list[Origin]] = defaultdict(list)
+        self.fields: dict[str, list[Origin]] = defaultdict(list)
+        """Class-level defaults by field name (dataclass configs: ``backend: str = "nccl"``)."""
         self.sites: dict[str, list[ast.AST]] = defaultdict(list)
         """The statements (or loops, parameters) that bind each name, in origin order."""
         self._site: ast.AST = tree
@@ -170,12 +174,17 @@ class ModuleFacts:
                     for t, v in zip(target.elts, node.value.elts, strict=True):  # type: ignore[attr-defined]
                         self._bind(t, v if dotted(t) else Opaque())
                 elif isinstance(target, (ast.Tuple, ast.List)):
-                    for t in target.elts:
-                        self._bind(t, Element(node.value))
+                    starred = any(isinstance(t, ast.Starred) for t in target.elts)
+                    for i, t in enumerate(target.elts):
+                        self._bind(t, Element(node.value, -1 if starred else i))
                 else:
                     self._bind(target, node.value if dotted(target) else Opaque())
         elif isinstance(node, (ast.AnnAssign, ast.NamedExpr)) and node.value is not None:
             self._bind(node.target, node.value)
+            if isinstance(self.parents.get(node), ast.ClassDef) and isinstance(
+                node.target, ast.Name
+            ):
+                self.fields[node.target.id].append(node.value)
         elif isinstance(node, ast.AugAssign):
             self._bind(node.target, Opaque())
         elif isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
@@ -388,8 +397,11 @@ class ModuleFacts:
             return []
         self._resolving.add(key)
         result: list[Origin] = []
+        origins = self.origins.get(key) or (
+            self.fields.get(key.rsplit(".", 1)[-1], []) if "." in key else []
+        )  # `cfg.backend` never set here: the class field's default (`backend: str = "nccl"`)
         try:
-            for origin in self.origins.get(key, []):
+            for origin in origins:
                 result += self._follow(origin, depth)
         finally:
             self._resolving.discard(key)
@@ -406,7 +418,17 @@ class ModuleFacts:
                 return [Opaque()]
             # `f(target)` into `def f(target)`: the name's other origins say it all
             passed = [a for a in passed if dotted(a) != origin.name]
-            return [v for a in passed for v in self.values(a, depth + 1) or [Opaque()]]
+            return [v for a in passed for v in self.values(a, depth + 1) or [a]]
+        if isinstance(origin, Element) and origin.index >= 0:
+            # `rank, world = get_dist_info()` with `return dist.get_rank(), ...`
+            parts: list[Origin] = []
+            for whole in self.values(origin.source, depth + 1) or [origin.source]:
+                if isinstance(whole, (ast.Tuple, ast.List)) and origin.index < len(whole.elts):
+                    part = whole.elts[origin.index]
+                    parts += self.values(part, depth + 1) or [part]
+                else:
+                    return [origin]
+            return parts
         if isinstance(origin, ast.expr) and (
             dotted(origin) is not None or isinstance(origin, ast.Call)
         ):

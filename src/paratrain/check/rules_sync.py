@@ -32,13 +32,22 @@ def _inner_module(facts: ModuleFacts, callee: ast.expr) -> ast.expr | None:
     candidates: list[object] = [callee]
     if isinstance(callee, ast.Name):
         candidates = list(facts.values(callee))
-    for c in list(candidates):
-        if isinstance(c, ast.IfExp):  # `net = model.module if hasattr(model, "module") else model`
-            candidates += [c.body, c.orelse]
-    for c in candidates:
-        if isinstance(c, ast.Attribute) and c.attr == "module" and _is_ddp(facts, c.value):
-            return c.value
-    return None
+    found: ast.expr | None = None
+    for c in candidates:  # every value of the name must be the inner module
+        # `net = model.module if hasattr(model, "module") else model`: the inner one under DDP
+        branches = [c.body, c.orelse] if isinstance(c, ast.IfExp) else [c]
+        inner = next(
+            (b.value for b in branches if isinstance(b, ast.Attribute) and _is_inner(facts, b)),
+            None,
+        )
+        if inner is None:
+            return None
+        found = found or inner
+    return found
+
+
+def _is_inner(facts: ModuleFacts, node: object) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == "module" and _is_ddp(facts, node.value)
 
 
 def _without_grad(facts: ModuleFacts, node: ast.AST) -> bool:
