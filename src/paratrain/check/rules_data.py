@@ -108,6 +108,12 @@ def _keywords(facts: ModuleFacts, call: ast.Call) -> dict[str, ast.expr]:
                 for name, item in zip(value.keys, value.values, strict=True):
                     if isinstance(name, ast.Constant) and isinstance(name.value, str):
                         found.setdefault(name.value, item)
+                    elif name is None:  # `{**DEFAULTS, "sampler": s}`
+                        inner = ast.Call(
+                            func=ast.Name("f"), args=[], keywords=[ast.keyword(None, item)]
+                        )
+                        for unpacked, v in _keywords(facts, inner).items():
+                            found.setdefault(unpacked, v)
             elif isinstance(value, ast.Call) and facts.qualname(value.func) == "dict":
                 found.update({kw.arg: kw.value for kw in value.keywords if kw.arg})
     return found
@@ -146,7 +152,11 @@ def shuffle_with_sampler(tree: ast.Module, lines: Sequence[str]) -> Iterator[Fin
         if given is None:
             continue
         sampler = given.get("sampler")
-        shuffles = is_const(given.get("shuffle"), True)
+        shuffle = given.get("shuffle")
+        options = (facts.values(shuffle) or [shuffle]) if shuffle is not None else []
+        shuffles = bool(options) and all(
+            isinstance(v, ast.expr) and is_const(v, True) for v in options
+        )
         if shuffles and sampler is not None and not is_const(sampler, None):
             yield Finding.at(
                 "PT004",

@@ -116,6 +116,13 @@ def _is_tensor(facts: ModuleFacts, node: ast.expr) -> bool:
         if isinstance(origin, LoopTarget):
             if origin.items:  # `for k, v in batch.items()` with `batch` from a loader
                 return _batch(facts, origin.iterable)
+            if isinstance(origin.iterable, (ast.Tuple, ast.List)) and not origin.unpacked:
+                # `for t in (wavs, lens, tokens): t.to(device)`
+                parts = origin.iterable.elts
+                return bool(parts) and all(
+                    dotted(p) is not None and dotted(p) != key and _is_tensor(facts, p)
+                    for p in parts
+                )
             return origin.unpacked and _from_loader(facts, origin.iterable)
         if isinstance(origin, Element):  # `image, target = batch`
             return _batch(facts, origin.source)
