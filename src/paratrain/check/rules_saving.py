@@ -11,7 +11,15 @@ import ast
 from collections.abc import Iterator, Sequence
 
 from paratrain.check.findings import Finding, rule
-from paratrain.check.patterns import ModuleFacts, dotted, has_star_kwargs, keyword, module_facts
+from paratrain.check.patterns import (
+    LoopTarget,
+    ModuleFacts,
+    dotted,
+    has_star_kwargs,
+    is_const,
+    keyword,
+    module_facts,
+)
 
 WRAPPERS = ("DistributedDataParallel", ".DataParallel", "FullyShardedDataParallel")
 SELF_RETURNING = {"to", "cuda", "cpu", "train", "eval", "half", "float", "double", "bfloat16"}
@@ -58,7 +66,7 @@ def wrapped_state_dict(tree: ast.Module, lines: Sequence[str]) -> Iterator[Findi
             if not (isinstance(func, ast.Attribute) and func.attr == "state_dict"):
                 continue
             key = dotted(func.value)
-            owners = facts.values(func.value)
+            owners = _owners(facts, func.value)
             wrapped = key is not None and any(_is_wrapper(facts, o, DDP_DP) for o in owners)
             if not wrapped or id(node) in reported or _type_tested(facts, save, key or ""):
                 continue
@@ -72,6 +80,23 @@ def wrapped_state_dict(tree: ast.Module, lines: Sequence[str]) -> Iterator[Findi
                 fix=f"save the wrapped model's own weights: {key}.module.state_dict()",
                 api="run.save_weights(model, path)",
             )
+
+
+def _owners(facts: ModuleFacts, node: ast.expr) -> list[object]:
+    """What ``node`` may be, also as an item of a collection: ``obj`` of
+    ``for name, obj in components.items()`` with ``components = {"G": netG, ...}``."""
+    found: list[object] = []
+    for value in facts.values(node):
+        if isinstance(value, LoopTarget):
+            for whole in facts.values(value.iterable) or [value.iterable]:
+                items = whole.values if isinstance(whole, ast.Dict) else (
+                    whole.elts if isinstance(whole, (ast.List, ast.Tuple)) else []
+                )  # fmt: skip
+                for item in items:
+                    found += facts.values(item) or [item]
+        else:
+            found.append(value)
+    return found
 
 
 def _saved_parts(facts: ModuleFacts, saved: ast.expr, depth: int = 0) -> Iterator[ast.AST]:
@@ -144,12 +169,21 @@ def _wrapped_module(facts: ModuleFacts, node: ast.expr) -> bool:
     """``ddp_model.module`` (or a name set to it): the model inside a DDP/DataParallel
     wrapper."""
     candidates = [node, *facts.values(node)] if dotted(node) else [node]
-    return any(
-        isinstance(c, ast.Attribute)
-        and c.attr == "module"
-        and any(_is_wrapper(facts, o) for o in facts.values(c.value))
-        for c in candidates
-    )
+    for c in candidates:
+        if (
+            isinstance(c, ast.Call)
+            and dotted(c.func) == "getattr"
+            and len(c.args) >= 2
+            and is_const(c.args[1], "module")
+        ):
+            c = ast.Attribute(value=c.args[0], attr="module")  # getattr(model, "module", model)
+        if (
+            isinstance(c, ast.Attribute)
+            and c.attr == "module"
+            and any(_is_wrapper(facts, o) for o in facts.values(c.value))
+        ):
+            return True
+    return False
 
 
 def _used_as_module(facts: ModuleFacts, key: str) -> bool:
@@ -214,9 +248,16 @@ def pickled_module(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
     classes = _module_classes(facts)
     for save in _saves(facts):
         saved = save.args[0]
-        key = dotted(saved)
-        if not (_wrapped_module(facts, saved) or _whole_module(facts, saved, classes)):
+        parts = saved.values if isinstance(saved, ast.Dict) else [saved]  # {"model": net, ...}
+        module = next(
+            (p for p in parts if p is not None and (
+                _wrapped_module(facts, p) or _whole_module(facts, p, classes)
+            )),
+            None,
+        )  # fmt: skip
+        if module is None:
             continue
+        key = dotted(module) or ast.unparse(module)
         yield Finding.at(
             "PT007",
             save,
