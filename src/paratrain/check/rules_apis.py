@@ -33,7 +33,27 @@ def cuda_amp(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
     Each call warns (FutureWarning) and the names are going away; the device-generic
     ``torch.autocast`` and ``torch.amp.GradScaler`` replace them.
     """
-    for call, qual in module_facts(tree).calls():
+    facts = module_facts(tree)
+    for node in facts.nodes:  # handed on, not called: `partial(torch.cuda.amp.autocast, ...)`
+        if not isinstance(node, (ast.Attribute, ast.Name)) or isinstance(
+            facts.parents.get(node), ast.Attribute
+        ):
+            continue
+        qual = facts.qualname(node)
+        parent = facts.parents.get(node)
+        called = isinstance(parent, ast.Call) and parent.func is node
+        handed = isinstance(parent, (ast.Call, ast.keyword, ast.Assign, ast.Return))
+        if qual in CUDA_AMP and handed and not called:
+            yield Finding.at(
+                "PT012",
+                node,
+                message=f"{qual.rsplit('.', 1)[-1]} from torch.cuda.amp is deprecated since "
+                "torch 2.4 (a FutureWarning at every call) and will be removed",
+                fix=f'use {CUDA_AMP[qual]} with "cuda" as its first argument',
+                api='pt.Run(precision="fp16") (autocast and loss scaling in run.step), or '
+                '"bf16" (no scaler needed)',
+            )
+    for call, qual in facts.calls():
         if qual in CUDA_AMP:
             kept = ", ".join(ast.unparse(k) for k in call.keywords)
             replacement = f'{CUDA_AMP[qual]}("cuda"{", " * bool(kept)}{kept})'

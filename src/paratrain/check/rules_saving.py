@@ -270,9 +270,29 @@ def pickled_module(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
 
 
 def _loads(facts: ModuleFacts) -> Iterator[ast.Call]:
+    """``torch.load(...)`` calls, and ``functools.partial(torch.load, ...)`` (with the keywords
+    its calls add: ``load_cpu = partial(torch.load, map_location="cpu"); load_cpu(p)``)."""
     for call, qual in facts.calls():
         if qual == "torch.load" and not has_star_kwargs(call):
             yield call
+        elif (
+            qual.endswith("partial")
+            and call.args
+            and facts.qualname(call.args[0]) == "torch.load"
+            and not has_star_kwargs(call)
+        ):
+            parent = facts.parents.get(call)
+            names = [dotted(t) for t in getattr(parent, "targets", [])] if parent else []
+            added = [
+                k
+                for c, _ in facts.calls()
+                if dotted(c.func) in names and c.func is not call
+                for k in c.keywords
+            ]
+            yield ast.Call(
+                func=call.args[0], args=call.args[1:], keywords=[*call.keywords, *added],
+                lineno=call.lineno, col_offset=call.col_offset,
+            )  # fmt: skip
 
 
 @rule("PT008", "load-unsafe", "torch.load without weights_only=True")
