@@ -35,6 +35,11 @@ def _autocasts(facts: ModuleFacts) -> list[tuple[ast.Call, str]]:
             values = [v for v in facts.values(call.func) if isinstance(v, ast.expr)]
             if not values or any("autocast" in ast.unparse(v) for v in values):
                 found.append((call, qual))
+        elif qual.endswith("partial") and call.args:
+            inner = facts.qualname(call.args[0])
+            if inner.endswith("autocast"):  # `partial(torch.autocast, "cuda", dtype=...)`
+                made = ast.Call(func=call.args[0], args=call.args[1:], keywords=call.keywords)
+                found.append((ast.copy_location(made, call), inner))
     return found
 
 
@@ -154,6 +159,53 @@ def _counters(loop: ast.For | ast.AsyncFor | ast.While) -> set[str]:
             if isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Add):
                 found.add(last_name(node.target))
     return found - {""}
+
+
+def _counters_of(scope: ast.AST) -> set[str]:
+    return {
+        last_name(n.target)
+        for n in ast.walk(scope)
+        if isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Add)
+    } - {""}
+
+
+def _self_counters(facts: ModuleFacts) -> set[str]:
+    """``self.x`` attributes set from a loop counter or counted up anywhere in the class
+    (``self._inner_iter = i`` in the epoch loop, ``self.step += 1``)."""
+    found: set[str] = set()
+    for node in facts.nodes:
+        if isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Add):
+            found.add(last_name(node.target))
+        elif isinstance(node, (ast.For, ast.AsyncFor)):
+            for inner in ast.walk(node):
+                if isinstance(inner, ast.Assign) and (dotted(inner.value) or "") in _names(
+                    node.target
+                ):
+                    found |= {last_name(t) for t in inner.targets}
+    return found - {""}
+
+
+def _after_skip(loop: ast.AST) -> set[ast.AST]:
+    """The statements of ``loop``'s body after an ``if ...: continue`` (not run every pass)."""
+    body: list[ast.stmt] = getattr(loop, "body", [])
+    for i, s in enumerate(body):
+        if isinstance(s, ast.If) and s.body and isinstance(s.body[-1], ast.Continue):
+            return set(body[i + 1 :])
+    return set()
+
+
+def _skips_before(facts: ModuleFacts, step: ast.Call, loop: ast.AST) -> list[ast.expr]:
+    """The tests of ``if ...: continue`` before ``step`` in ``loop``'s body (Megatron's
+    ``if micro_step % accum != 0: continue`` then ``optimizer.step()``)."""
+    body: list[ast.stmt] = getattr(loop, "body", [])
+    top = next((s for s in body if any(n is step for n in ast.walk(s))), None)
+    if top is None:
+        return []
+    return [
+        s.test
+        for s in body[: body.index(top)]
+        if isinstance(s, ast.If) and s.body and isinstance(s.body[-1], ast.Continue)
+    ]
 
 
 def _accumulation_count(
@@ -287,9 +339,11 @@ def _find_accumulations(facts: ModuleFacts) -> Iterator[Accumulation]:
         elif isinstance(loop, (ast.FunctionDef, ast.AsyncFunctionDef)):
             args = loop.args
             counters = {a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)}
+            counters |= _counters_of(loop) | _self_counters(facts)
             counters -= {"self", "cls"}
         else:
             continue
+        tests += _skips_before(facts, step, loop)
         count = next(
             (c for t in tests if (c := _accumulation_count(t, counters, facts)) is not None), None
         )
@@ -297,12 +351,13 @@ def _find_accumulations(facts: ModuleFacts) -> Iterator[Accumulation]:
             continue
         done.add(id(loop))
         calls: list[tuple[ast.Call, bool]] = []
+        skipped = _after_skip(loop)
         for node in ast.walk(loop):
             if isinstance(node, ast.Call):
                 path = _between(facts, node, loop)
                 if path is not None:
                     guarded = any(isinstance(p, (ast.If, ast.IfExp, ast.Try)) for p in path)
-                    calls.append((node, not guarded))
+                    calls.append((node, not guarded and not (path and path[-1] in skipped)))
         if any(always and _is_optimizer_step(c) for c, always in calls):
             continue  # another optimizer steps every batch (a GAN's critic): not accumulation
         yield Accumulation(loop, count, calls)
