@@ -122,17 +122,15 @@ class Guards:
         """``node`` is this process's global rank: wrong as a device index on several nodes."""
         if self._reads_global_rank(node):
             return True
-
         if dotted(node) is None:
             return False
-        values = self.facts.values(node)
-        return bool(values) and all(
+        values = [v for v in self.facts.values(node) if not isinstance(v, ast.Constant)]
+        return bool(values) and all(  # `return 0, 1` without a process group: not a rank read
             isinstance(v, ast.expr) and v is not node and self._reads_global_rank(v) for v in values
         )
 
     def is_rank_like(self, node: ast.AST) -> bool:
         """A rank of some kind: a ``*rank*`` name, ``args.gpu``, ``get_rank()``, ``$RANK``."""
-
         if isinstance(node, ast.NamedExpr) and self.is_rank_like(node.target):
             return True
         node = self._unwrapped(node)
@@ -155,7 +153,6 @@ class Guards:
     # -- tests ---------------------------------------------------------------------------
     def rank_test(self, test: ast.AST) -> str | None:
         """Where ``test`` holds: MAIN, OFF, SINGLE (no process group), MULTI, or None."""
-
         if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
             if self._bare_rank(test.operand):
                 return MAIN  # `if not rank:`
@@ -322,7 +319,6 @@ class Guards:
     def function_main_only(self, func: Function) -> bool:
         """Decorated ``@rank_zero_only``, or every reference to it in the module is a call made
         on the main process only (an uncalled function is not: it may be an entry point)."""
-
         key = id(func)
         if key in self._function_main:
             return self._function_main[key]
@@ -355,7 +351,6 @@ class Guards:
         """``builtins.print`` is replaced by one that prints on the main process only
         (DeiT's, MAE's and torchvision's ``setup_for_distributed``), here or in a sibling, or
         the script calls ``setup_for_distributed`` / ``init_distributed_mode`` from elsewhere."""
-
         for facts in (self.facts, *self.facts.siblings.values()):
             for node in facts.nodes:
                 if isinstance(node, ast.Assign) and any(

@@ -405,6 +405,7 @@ class ModuleFacts:
                 result += self._follow(origin, depth)
         finally:
             self._resolving.discard(key)
+        result = [r for r in result if not (isinstance(r, ast.expr) and dotted(r) == key)]
         if depth == 0:
             self._values[key] = result
         return result
