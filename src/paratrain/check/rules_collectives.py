@@ -110,7 +110,22 @@ def _divided_after(facts: ModuleFacts, key: str, call: ast.Call) -> bool:
 
 
 def _reported_after(facts: ModuleFacts, key: str, call: ast.Call) -> ast.AST | None:
-    """A print or log of ``key`` after the reduce, or a ``return`` of it (the caller reports)."""
+    """A print or log of ``key`` after the reduce (or of a name set from it there:
+    ``metrics = {"loss": t[0].item()}``), or a ``return`` of it (the caller reports)."""
+    line = call.lineno
+    keys = {key}
+    for node in own_nodes(facts.scope_of(call)):
+        later = isinstance(node, ast.Assign) and node.lineno > line
+        if later and any(dotted(n) == key for n in ast.walk(node.value)):  # type: ignore[attr-defined]
+            keys |= {k for t in node.targets if (k := dotted(t)) is not None}  # type: ignore[attr-defined]
+    for name in sorted(keys):
+        found = _reported_as(facts, name, call)
+        if found is not None:
+            return found
+    return None
+
+
+def _reported_as(facts: ModuleFacts, key: str, call: ast.Call) -> ast.AST | None:
     line = call.lineno
     for node in own_nodes(facts.scope_of(call)):
         if isinstance(node, ast.Return) and node.value is not None and node.lineno > line:

@@ -124,11 +124,22 @@ def _always_no_sync(facts: ModuleFacts, context: ast.expr) -> bool:
 
 
 def _in_no_sync(facts: ModuleFacts, node: ast.AST) -> bool:
-    for _, parent in facts.ancestors(node):
-        if isinstance(parent, (ast.With, ast.AsyncWith)) and any(
-            _always_no_sync(facts, i.context_expr) for i in parent.items
-        ):
-            return True
+    """Inside ``with model.no_sync():``, or in a ``with ExitStack() as stack:`` whose body
+    enters ``model.no_sync()`` unconditionally before ``node``."""
+    for child, parent in facts.ancestors(node):
+        if isinstance(parent, (ast.With, ast.AsyncWith)):
+            if any(_always_no_sync(facts, i.context_expr) for i in parent.items):
+                return True
+            before = parent.body[: parent.body.index(child)] if child in parent.body else []
+            for stmt in before:
+                call = stmt.value if isinstance(stmt, ast.Expr) else None
+                if (
+                    isinstance(call, ast.Call)
+                    and method(call) == "enter_context"
+                    and call.args
+                    and _always_no_sync(facts, call.args[0])
+                ):
+                    return True
     return False
 
 
