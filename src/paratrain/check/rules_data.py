@@ -220,12 +220,59 @@ def _epoch_loops(facts: ModuleFacts, node: ast.AST, depth: int = 0) -> list[ast.
     return [outermost] if outermost is not None else []
 
 
+def _still(facts: ModuleFacts, sampler: ast.expr) -> bool:
+    """Every value of ``sampler`` is a DistributedSampler made with ``shuffle=False``: telling
+    it the epoch leaves the shuffling one untold (``val_sampler.set_epoch(epoch)``)."""
+    made = facts.values(sampler) if dotted(sampler) else []
+    return bool(made) and all(
+        _is_sampler_call(facts, v) and is_const(keyword(v, "shuffle"), False)  # type: ignore[arg-type]
+        for v in made
+    )
+
+
+def _passes(facts: ModuleFacts) -> Iterator[ast.AST]:
+    """Where a shuffling loader is walked: ``for b in loader``, and ``next(it)`` in a loop
+    that makes ``it = iter(loader)`` again when it runs out (torchtitan's ``while True``)."""
+    for node in facts.nodes:
+        if isinstance(node, (ast.For, ast.AsyncFor)) and _sharded_iterable(facts, node):
+            yield node
+        elif (
+            isinstance(node, ast.Call)
+            and dotted(node.func) == "next"
+            and node.args
+            and dotted(node.args[0]) is not None
+        ):
+            made = [v for v in facts.values(node.args[0]) if isinstance(v, ast.Call)]
+            walked = [v.args[0] for v in made if dotted(v.func) == "iter" and v.args]
+            if walked and all(_walks_sharded(facts, w) for w in walked):
+                loops = _epoch_loops(facts, node)
+                if any(_makes_again(facts, loop, walked) for loop in loops):
+                    yield node
+
+
+def _walks_sharded(facts: ModuleFacts, loader: ast.expr) -> bool:
+    for value in facts.values(loader) or [loader]:
+        given = loader_keywords(facts, value) if isinstance(value, ast.Call) else None
+        if given is not None and _shuffling_sampler(facts, given.get("sampler")):
+            return True
+    return False
+
+
+def _makes_again(facts: ModuleFacts, loop: ast.AST, loaders: list[ast.expr]) -> bool:
+    names = {dotted(x) for x in loaders}
+    return any(
+        isinstance(n, ast.Call) and dotted(n.func) == "iter" and n.args
+        and dotted(n.args[0]) in names
+        for n in ast.walk(loop)
+    )  # fmt: skip
+
+
 def _sets_epoch(facts: ModuleFacts, scope: ast.AST, depth: int = 0) -> bool:
     """Some ``.set_epoch(...)`` runs in ``scope`` or in a function it calls (three deep)."""
     for node in ast.walk(scope):
         if not isinstance(node, ast.Call):
             continue
-        if method(node) == "set_epoch":
+        if method(node) == "set_epoch" and not _still(facts, node.func.value):  # type: ignore[attr-defined]
             return True
         found = facts.function_of(node) if depth < 3 else None
         if found is not None and _sets_epoch(found[0], found[1], depth + 1):
@@ -245,9 +292,7 @@ def no_set_epoch(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
     """
     facts = module_facts(tree)
     reported: set[int] = set()
-    for loop in facts.nodes:
-        if not isinstance(loop, (ast.For, ast.AsyncFor)) or not _sharded_iterable(facts, loop):
-            continue
+    for loop in _passes(facts):
         for epoch_loop in _epoch_loops(facts, loop):
             if id(epoch_loop) in reported or _sets_epoch(facts, epoch_loop):
                 continue
