@@ -389,6 +389,10 @@ class ModuleFacts:
                     rets = self.returns(found[1])
                     if rets and all(r is not None for r in rets):
                         return [v for r in rets if r is not None for v in self.values(r, depth + 1)]
+            if isinstance(node, ast.Subscript) and depth < 4:
+                items = self._items(node, depth)
+                if items:
+                    return items
             return [node] if isinstance(node, ast.expr) else []
         cached = self._values.get(key) if depth == 0 else None
         if cached is not None:
@@ -409,6 +413,28 @@ class ModuleFacts:
         if depth == 0:
             self._values[key] = result
         return result
+
+    def _items(self, node: ast.Subscript, depth: int) -> list[Origin]:
+        """``d["acc"]`` with ``d = {"acc": correct / total}`` (or a comprehension's item:
+        ``{k: torch.tensor(v) for ...}[key]``)."""
+        found: list[Origin] = []
+        for whole in self.values(node.value, depth + 1):
+            if isinstance(whole, ast.Dict) and isinstance(node.slice, ast.Constant):
+                matched = [
+                    v
+                    for k, v in zip(whole.keys, whole.values, strict=True)
+                    if isinstance(k, ast.Constant) and k.value == node.slice.value
+                ]
+                if not matched:
+                    return []
+                found += [x for v in matched for x in self.values(v, depth + 1)]
+            elif isinstance(whole, ast.DictComp):
+                found += self.values(whole.value, depth + 1)
+            elif isinstance(whole, (ast.ListComp, ast.GeneratorExp)):
+                found += self.values(whole.elt, depth + 1)
+            else:
+                return []
+        return found
 
     def _follow(self, origin: Origin, depth: int) -> list[Origin]:
         if depth >= 4:

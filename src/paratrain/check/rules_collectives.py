@@ -438,7 +438,7 @@ def _nccl_only(facts: ModuleFacts) -> bool:
 def _on_cpu(facts: ModuleFacts, node: ast.expr) -> bool:
     """Every value of ``node`` is a tensor made on the CPU: a factory without ``device=``, or
     ``.cpu()``."""
-    values = facts.values(node) if dotted(node) else [node]
+    values = facts.values(node)
     if not values:
         return False
     for v in values:

@@ -16,6 +16,7 @@ from paratrain.check.patterns import (
     dotted,
     is_const,
     keyword,
+    last_name,
     method,
     module_facts,
 )
@@ -46,6 +47,34 @@ def _samplers(facts: ModuleFacts) -> Iterator[tuple[str, ast.expr]]:
                 yield key, node.value
 
 
+def _sampler_collections(facts: ModuleFacts) -> Iterator[tuple[str, ast.expr]]:
+    """(``"samplers[]"``, the comprehension) for ``samplers = {s: DistributedSampler(d) ...}``."""
+    for node in facts.nodes:
+        if isinstance(node, ast.Assign) and isinstance(node.value, (ast.DictComp, ast.ListComp)):
+            item = node.value.value if isinstance(node.value, ast.DictComp) else node.value.elt
+            if _is_sampler_call(facts, item):
+                for target in node.targets:
+                    key = dotted(target)
+                    if key is not None:
+                        yield f"{key}[]", node.value
+
+
+def _given_from(facts: ModuleFacts, key: str) -> bool:
+    """Some DataLoader (or BatchSampler) gets an item of the collection ``key``: its
+    ``sampler=`` / ``batch_sampler=`` mentions a name ending like ``key``
+    (``samplers[split]``, ``self.samplers["train"]``)."""
+    last = key.rsplit(".", 1)[-1]
+    for call, qual in facts.calls():
+        given = loader_keywords(facts, call)
+        places = [given.get("sampler"), given.get("batch_sampler")] if given is not None else []
+        if qual.endswith("BatchSampler"):
+            places += call.args[:1]
+        for place in places:
+            if place is not None and any(last_name(n) == last for n in ast.walk(place)):
+                return True
+    return False
+
+
 def _used(facts: ModuleFacts, key: str) -> bool:
     """``key`` is read other than as the owner of a method call (``sampler.set_epoch(e)``)."""
     for node in facts.nodes:
@@ -70,8 +99,13 @@ def sampler_unused(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
     the ranks train on the same batches.
     """
     facts = module_facts(tree)
-    for key, call in _samplers(facts):
-        if not _used(facts, key):
+    found = [*_samplers(facts), *_sampler_collections(facts)]
+    for key, call in found:
+        collection = key.endswith("[]")
+        if (collection and not _given_from(facts, key[:-2])) or (
+            not collection and not _used(facts, key)
+        ):
+            key = key.removesuffix("[]")
             yield Finding.at(
                 "PT003",
                 call,

@@ -287,7 +287,9 @@ def _combines_anything(facts: ModuleFacts) -> bool:
 def _averages(facts: ModuleFacts, value: ast.AST) -> Iterator[ast.BinOp]:
     """The divisions ``value`` shows or its name was assigned from."""
     key = dotted(value)
-    origins: list[object] = list(facts.values(value)) if key else [value]
+    origins: list[object] = (
+        list(facts.values(value)) if key or isinstance(value, ast.Subscript) else [value]
+    )
     if not origins or not all(
         isinstance(o, ast.BinOp) and isinstance(o.op, ast.Div) for o in origins
     ):
