@@ -43,21 +43,6 @@ def _collective(facts: ModuleFacts, call: ast.Call) -> str | None:
     return None
 
 
-def _exchanges(facts: ModuleFacts, scope: ast.AST, depth: int = 0) -> bool:
-    """``scope`` (or a function of this module it calls, two deep) runs a collective or a
-    reduce/broadcast helper (``reduce_tensor``, ``run.reduce``, ``all_reduce_mean``)."""
-    for node in ast.walk(scope):
-        if not isinstance(node, ast.Call):
-            continue
-        name = last_name(node.func).lower()
-        if any(w in name for w in ("reduce", "gather", "broadcast", "sync")):
-            return True
-        found = facts.function_of(node) if depth < 2 else None
-        if found is not None and _exchanges(found[0], found[1], depth + 1):
-            return True
-    return False
-
-
 # -- PT024 ------------------------------------------------------------------------------------
 def _words(node: ast.AST) -> str:
     return " ".join(last_name(n).lower() for n in ast.walk(node) if last_name(n))

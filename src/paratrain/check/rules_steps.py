@@ -238,11 +238,8 @@ def _divided(facts: ModuleFacts, value: ast.AST, wanted: set[str], depth: int = 
         if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Div, ast.FloorDiv)):
             divisor = node.right
         elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
-            divisor = node  # `loss * (1 / N)` or `loss * scale` with scale = 1 / N
-            if not any(
-                isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) for n in ast.walk(node)
-            ):
-                divisor = None
+            # `loss * (1 / N)`
+            divisor = node if any(_is_division(n) for n in ast.walk(node)) else None
         elif method(node) in ("div", "div_", "true_divide") and node.args:  # type: ignore[attr-defined]
             divisor = node.args[0]  # type: ignore[attr-defined]
         if divisor is not None and (not wanted or _names(divisor) & wanted):
