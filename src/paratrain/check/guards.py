@@ -1,7 +1,7 @@
 """Which process runs a statement: rank values, rank tests and the guards made of them.
 
     guards = module_facts(tree).guards
-    guards.rank_test(test)   # MAIN, OFF, SINGLE, MULTI or None for an `if` test
+    guards.rank_test(test)   # MAIN, OFF, SINGLE, MULTI, ONE or None for an `if` test
     guards.main_only(node)   # True: only the main process (or a lone process) runs `node`
     guards.is_global_rank(x) # dist.get_rank(), $RANK, node_rank * ngpus + gpu, a helper's return
 
@@ -10,9 +10,12 @@ A test is read whatever its spelling: ``rank == 0``, ``local_rank in [-1, 0]``,
 dist.get_rank() == 0``, ``(rank := dist.get_rank()) == 0``, ``match dist.get_rank(): case 0:``,
 a variable set from such a test (``is_primary = dist.get_rank() == 0``), a helper whose
 returns are such tests (``def is_master(): return get_rank() == 0``), and the names
-libraries give the main process (``is_main_process``, ``is_global_zero``). A statement is
-main-only under such a guard, after an early exit of the others (``if rank != 0: return``), in a
-function decorated ``@rank_zero_only``, or in a function every caller calls under a guard.
+libraries give the main process (``is_main_process``, ``is_global_zero``,
+``is_data_parallel_master``). A statement is main-only under such a guard, in the ``else`` of
+``if dist.is_initialized():``, under a test for one other rank (``rank == world_size - 1``),
+after an early exit of the others (``if rank != 0: return``), in a function decorated
+``@rank_zero_only`` or with a decorator of the file whose wrapper calls it under a guard, or in
+a function every caller calls under a guard.
 """
 
 from __future__ import annotations
@@ -56,7 +59,6 @@ class Guards:
     def __init__(self, facts: ModuleFacts) -> None:
         self.facts = facts
         self._function_main: dict[int, bool] = {}
-        self._main_only: dict[int, bool] = {}
         self._helper: dict[tuple[int, str], bool] = {}
 
     # -- rank values ---------------------------------------------------------------------
