@@ -249,6 +249,14 @@ class Guards:
         return False if kind == OFF else None
 
     # -- statements ----------------------------------------------------------------------
+    def side(self, child: ast.AST, branch: ast.If) -> bool | None:
+        """True: ``child`` (a statement of ``branch``) runs on the main process only; False:
+        only off it; None: on both or unknown."""
+        main = self.main_test(branch.test)
+        if main is None or child is branch.test:
+            return None
+        return main if child in branch.body else not main
+
     def main_only(self, node: ast.AST, *, within: bool = False) -> bool:
         """``node`` runs on the main process only: under a rank-0 guard, after an early exit
         of the others, or in a function that is only ever called so (``within``: guards inside

@@ -330,6 +330,25 @@ class ModuleFacts:
         found = sibling.functions.get(name)
         return (sibling, found[-1]) if found else None
 
+    def calls_within(
+        self, scope: ast.AST, depth: int = 2
+    ) -> Iterator[tuple[ModuleFacts, ast.Call]]:
+        """Every call in ``scope`` and in the functions of this module (or a sibling) it
+        calls, ``depth`` calls deep, with the module each call is in."""
+        seen: set[int] = set()
+        stack: list[tuple[ModuleFacts, ast.AST, int]] = [(self, scope, 0)]
+        while stack:
+            owner, node, level = stack.pop()
+            for call in ast.walk(node):
+                if not isinstance(call, ast.Call) or id(call) in seen:
+                    continue
+                seen.add(id(call))
+                yield owner, call
+                found = owner.function_of(call) if level < depth else None
+                if found is not None and id(found[1]) not in seen:
+                    seen.add(id(found[1]))
+                    stack.append((found[0], found[1], level + 1))
+
     def references(self, func: Function) -> list[ast.AST]:
         """Every ``f`` / ``self.f`` in this module naming ``func`` other than its definition:
         calls, and references passed on (``mp.spawn(f)``, ``Thread(target=f)``)."""

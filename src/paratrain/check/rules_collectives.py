@@ -239,16 +239,9 @@ def _shared(facts: ModuleFacts) -> set[str]:
     return found
 
 
-def _trains(facts: ModuleFacts, scope: ast.AST, depth: int = 0) -> bool:
+def _trains(facts: ModuleFacts, scope: ast.AST) -> bool:
     """``scope`` calls backward, or a function of this module that does (two deep)."""
-    for node in ast.walk(scope):
-        if isinstance(node, ast.Call):
-            if method(node) == "backward":
-                return True
-            found = facts.function_of(node) if depth < 2 else None
-            if found is not None and _trains(found[0], found[1], depth + 1):
-                return True
-    return False
+    return any(method(c) == "backward" for _, c in facts.calls_within(scope))
 
 
 @rule("PT025", "early-stop-one-rank", "early stopping decided on one rank's own metric")
@@ -358,12 +351,11 @@ def _paths(facts: ModuleFacts, call: ast.Call) -> set[str]:
     return found
 
 
-def _waits(facts: ModuleFacts, call: ast.Call, depth: int = 0) -> bool:
-    if last_name(call.func) in ("barrier", "monitored_barrier", "wait_for_everyone"):
-        return True
-    found = facts.function_of(call) if depth < 2 else None
-    return found is not None and any(
-        isinstance(n, ast.Call) and _waits(found[0], n, depth + 1) for n in ast.walk(found[1])
+def _waits(facts: ModuleFacts, call: ast.Call) -> bool:
+    """``call`` is a barrier, or runs a function that waits at one (two deep)."""
+    return any(
+        last_name(c.func) in ("barrier", "monitored_barrier", "wait_for_everyone")
+        for _, c in facts.calls_within(call)
     )
 
 

@@ -301,17 +301,12 @@ def _makes_again(facts: ModuleFacts, loop: ast.AST, loaders: list[ast.expr]) -> 
     )  # fmt: skip
 
 
-def _sets_epoch(facts: ModuleFacts, scope: ast.AST, depth: int = 0) -> bool:
+def _sets_epoch(facts: ModuleFacts, scope: ast.AST) -> bool:
     """Some ``.set_epoch(...)`` runs in ``scope`` or in a function it calls (three deep)."""
-    for node in ast.walk(scope):
-        if not isinstance(node, ast.Call):
-            continue
-        if method(node) == "set_epoch" and not _still(facts, node.func.value):  # type: ignore[attr-defined]
-            return True
-        found = facts.function_of(node) if depth < 3 else None
-        if found is not None and _sets_epoch(found[0], found[1], depth + 1):
-            return True
-    return False
+    return any(
+        method(c) == "set_epoch" and not _still(owner, c.func.value)  # type: ignore[attr-defined]
+        for owner, c in facts.calls_within(scope, depth=3)
+    )
 
 
 @rule("PT005", "no-set-epoch", "the epoch loop never calls set_epoch on the DistributedSampler")

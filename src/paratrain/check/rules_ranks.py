@@ -115,11 +115,8 @@ def every_rank_writes(tree: ast.Module, lines: Sequence[str]) -> Iterator[Findin
 def _rank_branch(facts: ModuleFacts, node: ast.AST) -> ast.If | None:
     """The ``if`` that lets only the main process reach ``node``, or None."""
     for child, parent in facts.ancestors(node):
-        if isinstance(parent, ast.If) and child is not parent.test:
-            main = facts.main_test(parent.test)
-            in_body = child in parent.body
-            if (main is True and in_body) or (main is False and not in_body):
-                return parent
+        if isinstance(parent, ast.If) and facts.guards.side(child, parent) is True:
+            return parent
     return None
 
 
@@ -143,11 +140,8 @@ def _matched_off_main(facts: ModuleFacts, node: ast.AST, name: str) -> bool:
         for child, parent in facts.ancestors(other):
             if parent is scope:
                 break
-            if isinstance(parent, ast.If) and child is not parent.test:
-                main = facts.main_test(parent.test)
-                in_body = child in parent.body
-                if (main is False and in_body) or (main is True and not in_body):
-                    return True
+            if isinstance(parent, ast.If) and facts.guards.side(child, parent) is False:
+                return True
     return False
 
 
