@@ -119,6 +119,11 @@ def test_json_reports_an_unparsable_script_as_an_entry_without_a_rule(
     assert [e["rule"] for e in entries] == ["PT012", "PT008", None]
     assert entries[-1]["path"] == broken.as_posix() and entries[-1]["line"] == 2
     assert entries[-1]["message"].startswith("cannot parse:")
+    code, out, _ = _run(["--sarif", str(broken), str(script)], capsys)
+    (run,) = json.loads(out)["runs"]
+    (note,) = run["invocations"][0]["toolExecutionNotifications"]
+    assert code == 2 and note["message"]["text"].startswith("cannot parse:")
+    assert len(run["results"]) == 2
 
 
 def test_a_script_named_twice_is_checked_once(

@@ -88,8 +88,24 @@ def as_sarif(report: Report, rules: Sequence[Rule]) -> dict[str, Any]:
         }
         for f in report.findings
     ]
+    notes = [
+        {
+            "level": "error",
+            "message": {"text": err.problem},
+            "locations": [
+                {
+                    "physicalLocation": {
+                        "artifactLocation": {"uri": err.path},
+                        "region": {"startLine": err.line, "startColumn": err.col},
+                    }
+                }
+            ],
+        }
+        for err in report.unparsed
+    ]
+    invocation = {"executionSuccessful": not notes, "toolExecutionNotifications": notes}
     return {
         "$schema": SARIF_SCHEMA,
         "version": "2.1.0",
-        "runs": [{"tool": {"driver": driver}, "results": results}],
+        "runs": [{"tool": {"driver": driver}, "invocations": [invocation], "results": results}],
     }
