@@ -142,16 +142,27 @@ def check_source(
     path: str,
     rules: Collection[Rule],
     siblings: Mapping[str, ast.Module] | None = None,
+    errors: list[str] | None = None,
 ) -> list[Finding]:
     """The findings of ``rules`` in one parsed script, ignore comments applied. ``siblings``:
-    the other modules of its folder by name, whose functions the rules follow."""
+    the other modules of its folder by name, whose functions the rules follow. A rule that
+    fails on the script is a line in ``errors`` (raised when ``errors`` is None)."""
     others = {name: module_facts(t) for name, t in (siblings or {}).items()}
     module_facts(tree).siblings = others  # last: the most recent entry of the facts' cache
     found: dict[tuple[str, int, int], Finding] = {}
     for r in rules:
-        for finding in r.check(tree, lines):
-            if not ignored(finding, lines):
-                found.setdefault((r.id, finding.line, finding.col), replace(finding, path=path))
+        try:
+            for finding in r.check(tree, lines):
+                if not ignored(finding, lines):
+                    found.setdefault((r.id, finding.line, finding.col), replace(finding, path=path))
+        except (RecursionError, MemoryError, Exception) as err:  # a defect here, not the script's
+            if errors is None:
+                raise
+            errors.append(
+                f"{path}:1:1: {r.id} could not check this script ({type(err).__name__}: {err}); "
+                "the other rules did. Please report it with the script, or silence it with "
+                f"--ignore {r.id}"
+            )
     return list(found.values())
 
 
@@ -175,6 +186,8 @@ def check_paths(paths: Sequence[Path], select: Collection[str] | None = None) ->
     for path, (tree, lines) in parsed.items():
         report.files += 1
         siblings = {k: v for k, v in folders[path.parent].items() if k != path.stem}
-        report.findings += check_source(tree, lines, path.as_posix(), rules, siblings)
+        report.findings += check_source(
+            tree, lines, path.as_posix(), rules, siblings, report.errors
+        )
     report.findings.sort(key=lambda f: (f.path, f.line, f.col, f.rule))
     return report

@@ -59,6 +59,8 @@ class Guards:
     def __init__(self, facts: ModuleFacts) -> None:
         self.facts = facts
         self._function_main: dict[int, bool] = {}
+        self._testing: set[int] = set()
+        self._tested: dict[int, str | None] = {}
         self._helper: dict[tuple[int, str], bool] = {}
 
     # -- rank values ---------------------------------------------------------------------
@@ -154,7 +156,19 @@ class Guards:
 
     # -- tests ---------------------------------------------------------------------------
     def rank_test(self, test: ast.AST) -> str | None:
-        """Where ``test`` holds: MAIN, OFF, SINGLE (no process group), MULTI, or None."""
+        """Where ``test`` holds: MAIN, OFF, SINGLE (no process group), MULTI, ONE, or None."""
+        if id(test) in self._tested:
+            return self._tested[id(test)]
+        if id(test) in self._testing or len(self._testing) > 40:
+            return None  # `a = b if c else a`: a test that depends on itself says nothing
+        self._testing.add(id(test))
+        try:
+            kind = self._tested[id(test)] = self._rank_test(test)
+        finally:
+            self._testing.discard(id(test))
+        return kind
+
+    def _rank_test(self, test: ast.AST) -> str | None:
         if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
             if self._bare_rank(test.operand):
                 return MAIN  # `if not rank:`

@@ -150,7 +150,10 @@ class ModuleFacts:
         self.memo: dict[object, object] = {}
         """What rules compute once per module and share (keyed by the rule's own names)."""
         self._values: dict[str, list[Origin]] = {}
+        self._returns: dict[int, list[ast.expr | None]] = {}
+        self._called: dict[int, list[Origin]] = {}
         self._resolving: set[str] = set()
+        self._cuts = 0  # how many times following a value stopped short (results not cached)
         self.guards = guards.Guards(self)
 
     # -- bindings ------------------------------------------------------------------------
@@ -362,13 +365,14 @@ class ModuleFacts:
 
     def returns(self, func: Function) -> list[ast.expr | None]:
         """The values ``func`` returns (None for a bare ``return`` or falling off the end)."""
-        found: list[ast.expr | None] = [
-            n.value for n in own_nodes(func) if isinstance(n, ast.Return)
-        ]
-        last = func.body[-1] if func.body else None
-        if not isinstance(last, (ast.Return, ast.Raise)):
-            found.append(None)
-        return found
+        cached = self._returns.get(id(func))
+        if cached is None:
+            cached = [n.value for n in own_nodes(func) if isinstance(n, ast.Return)]
+            last = func.body[-1] if func.body else None
+            if not isinstance(last, (ast.Return, ast.Raise)):
+                cached.append(None)
+            self._returns[id(func)] = cached
+        return cached
 
     def arguments(self, param: Param) -> list[ast.expr] | None:
         """What callers in this module pass for ``param``; None when a caller cannot be read
@@ -403,22 +407,32 @@ class ModuleFacts:
         key = dotted(node)
         if key is None:
             if isinstance(node, ast.Call) and depth < 4:
+                if id(node) in self._called and node in self.parents:
+                    return self._called[id(node)]  # a call of the tree (not a made-up one)
                 found = self.function_of(node)
                 if found is not None and found[0] is self:
                     rets = self.returns(found[1])
                     if rets and all(r is not None for r in rets):
-                        return [v for r in rets if r is not None for v in self.values(r, depth + 1)]
+                        cuts = self._cuts
+                        returned = _capped(
+                            [v for r in rets if r is not None for v in self.values(r, depth + 1)]
+                        )
+                        if cuts == self._cuts and node in self.parents:
+                            self._called[id(node)] = returned
+                        return returned
             if isinstance(node, ast.Subscript) and depth < 4:
                 items = self._items(node, depth)
                 if items:
                     return items
             return [node] if isinstance(node, ast.expr) else []
-        cached = self._values.get(key) if depth == 0 else None
+        cached = self._values.get(key)
         if cached is not None:
             return cached
         if key in self._resolving:  # `x = f(x)`, or a method found through x's own value
+            self._cuts += 1
             return []
         self._resolving.add(key)
+        cuts = self._cuts
         result: list[Origin] = []
         origins = self.origins.get(key) or (
             self.fields.get(key.rsplit(".", 1)[-1], []) if "." in key else []
@@ -428,8 +442,8 @@ class ModuleFacts:
                 result += self._follow(origin, depth)
         finally:
             self._resolving.discard(key)
-        result = [r for r in result if not (isinstance(r, ast.expr) and dotted(r) == key)]
-        if depth == 0:
+        result = _capped([r for r in result if not (isinstance(r, ast.expr) and dotted(r) == key)])
+        if cuts == self._cuts:  # complete: not cut short by a cycle or the depth limit
             self._values[key] = result
         return result
 
@@ -457,6 +471,7 @@ class ModuleFacts:
 
     def _follow(self, origin: Origin, depth: int) -> list[Origin]:
         if depth >= 4:
+            self._cuts += 1
             return [origin]
         if isinstance(origin, Param):
             passed = self.arguments(origin)
@@ -503,6 +518,11 @@ class ModuleFacts:
     def main_only(self, node: ast.AST, *, within: bool = False) -> bool:
         """``node`` runs on the main process only (see :meth:`guards.Guards.main_only`)."""
         return self.guards.main_only(node, within=within)
+
+
+def _capped(values: list[Origin], most: int = 128) -> list[Origin]:
+    """At most ``most`` values; beyond that the value is unknown (a rule needs all of them)."""
+    return values if len(values) <= most else [*values[:most], Opaque()]
 
 
 def _default(func: Function, param: Param) -> ast.expr | None:

@@ -33,6 +33,8 @@ def _is_sampler_call(facts: ModuleFacts, node: object) -> bool:
 def _samplers(facts: ModuleFacts) -> Iterator[tuple[str, ast.expr]]:
     """(name, call) for ``name = DistributedSampler(...)``, also through a helper that returns
     one (``sampler = build_sampler(ds)``)."""
+    if not any(q.endswith("DistributedSampler") for _, q in facts.calls()):
+        return
     for node in facts.nodes:
         if not isinstance(node, ast.Assign) or not isinstance(node.value, (ast.Call, ast.IfExp)):
             continue

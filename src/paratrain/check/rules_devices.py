@@ -203,13 +203,19 @@ def _tests_for_gpu(facts: ModuleFacts, node: ast.AST) -> bool:
     return False
 
 
-def _gpu_test(facts: ModuleFacts, test: ast.AST) -> bool:
+def _gpu_test(facts: ModuleFacts, test: ast.AST, depth: int = 0) -> bool:
+    """``test`` asks whether there is a GPU: ``torch.cuda.is_available()``, ``device_count()``,
+    ``device.type == "cuda"``, or a name set from such a test (``use_cuda``), two names deep."""
     for n in ast.walk(test):
         if isinstance(n, ast.Call) and last_name(n.func) in ("is_available", "device_count"):
             return True
-        if isinstance(n, (ast.Name, ast.Attribute)) and any(
-            isinstance(v, ast.expr) and v is not n and _gpu_test(facts, v)
-            for v in (facts.values(n) if dotted(n) else [])
+        if (
+            depth < 2
+            and isinstance(n, (ast.Name, ast.Attribute))
+            and any(
+                isinstance(v, ast.expr) and v is not n and _gpu_test(facts, v, depth + 1)
+                for v in (facts.values(n) if dotted(n) else [])
+            )
         ):
             return True
         if last_name(n) in ("use_cuda", "cuda", "has_cuda", "cuda_available", "use_gpu"):
