@@ -153,6 +153,8 @@ class ModuleFacts:
         self._returns: dict[int, list[ast.expr | None]] = {}
         self._called: dict[int, list[Origin]] = {}
         self._resolving: set[str] = set()
+        self._arguments: dict[tuple[int, str], list[ast.expr] | None] = {}
+        self._budget = 0
         self._cuts = 0  # how many times following a value stopped short (results not cached)
         self.guards = guards.Guards(self)
 
@@ -377,6 +379,13 @@ class ModuleFacts:
     def arguments(self, param: Param) -> list[ast.expr] | None:
         """What callers in this module pass for ``param``; None when a caller cannot be read
         (``f(*args)``, ``f(**kw)``, or ``f`` passed on as a value) or nobody calls it."""
+        memo = self._arguments.get((id(param.function), param.name), False)
+        if memo is not False:
+            return memo  # type: ignore[return-value]
+        found = self._arguments[(id(param.function), param.name)] = self._find_arguments(param)
+        return found
+
+    def _find_arguments(self, param: Param) -> list[ast.expr] | None:
         passed: list[ast.expr] = []
         func = param.function
         bound_method = isinstance(self.parents.get(func), ast.ClassDef)
@@ -431,6 +440,8 @@ class ModuleFacts:
         if key in self._resolving:  # `x = f(x)`, or a method found through x's own value
             self._cuts += 1
             return []
+        if not self._resolving:
+            self._budget = BUDGET  # each question asked from outside gets its own budget
         self._resolving.add(key)
         cuts = self._cuts
         result: list[Origin] = []
@@ -443,7 +454,7 @@ class ModuleFacts:
         finally:
             self._resolving.discard(key)
         result = _capped([r for r in result if not (isinstance(r, ast.expr) and dotted(r) == key)])
-        if cuts == self._cuts:  # complete: not cut short by a cycle or the depth limit
+        if cuts == self._cuts or depth == 0:  # complete, or the answer to the question asked
             self._values[key] = result
         return result
 
@@ -470,6 +481,10 @@ class ModuleFacts:
         return found
 
     def _follow(self, origin: Origin, depth: int) -> list[Origin]:
+        self._budget -= 1
+        if self._budget < 0:  # a name with too many ways to be set: unknown
+            self._cuts += 1
+            return [Opaque()]
         if depth >= 4:
             self._cuts += 1
             return [origin]
@@ -518,6 +533,10 @@ class ModuleFacts:
     def main_only(self, node: ast.AST, *, within: bool = False) -> bool:
         """``node`` runs on the main process only (see :meth:`guards.Guards.main_only`)."""
         return self.guards.main_only(node, within=within)
+
+
+BUDGET = 2000
+"""Origins followed at most for one question: beyond that a value is unknown."""
 
 
 def _capped(values: list[Origin], most: int = 128) -> list[Origin]:
