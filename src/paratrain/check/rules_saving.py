@@ -99,12 +99,21 @@ def _owners(facts: ModuleFacts, node: ast.expr) -> list[object]:
     return found
 
 
-def _saved_parts(facts: ModuleFacts, saved: ast.expr, depth: int = 0) -> Iterator[ast.AST]:
-    """Every node of what is saved, following names to what they were set from
-    (``sd = model.state_dict(); torch.save(sd, p)``, ``ckpt = {"model": sd}``)."""
-    for node in ast.walk(saved):
-        yield node
-        if depth < 3 and isinstance(node, (ast.Name, ast.Attribute)) and dotted(node):
+def _saved_parts(facts: ModuleFacts, saved: ast.expr) -> Iterator[ast.AST]:
+    """Every node of what is saved, following names to what they were set from, three names
+    deep (``sd = model.state_dict(); torch.save(sd, p)``, ``ckpt = {"model": sd}``); each
+    expression once."""
+    seen: set[int] = set()
+    todo: list[tuple[ast.expr, int]] = [(saved, 0)]
+    while todo:
+        expr, depth = todo.pop()
+        if id(expr) in seen:
+            continue
+        seen.add(id(expr))
+        for node in ast.walk(expr):
+            yield node
+            if depth >= 3 or not isinstance(node, (ast.Name, ast.Attribute)) or not dotted(node):
+                continue
             parent = facts.parents.get(node)
             if isinstance(parent, ast.Attribute) or (
                 isinstance(parent, ast.Call) and parent.func is node
@@ -112,7 +121,7 @@ def _saved_parts(facts: ModuleFacts, saved: ast.expr, depth: int = 0) -> Iterato
                 continue
             for value in facts.values(node):
                 if isinstance(value, ast.expr) and value is not node:
-                    yield from _saved_parts(facts, value, depth + 1)
+                    todo.append((value, depth + 1))
 
 
 def _module_classes(facts: ModuleFacts) -> set[str]:
