@@ -201,7 +201,7 @@ class ModuleFacts:
             self._bind_params(node)
         elif isinstance(node, ast.Lambda):
             for a in (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs):
-                self.origins[a.arg].append(Opaque())
+                self._bind_name(a.arg, Opaque())
 
     def _bind_loop(self, node: ast.For | ast.AsyncFor | ast.comprehension) -> None:
         target = node.target
@@ -224,12 +224,17 @@ class ModuleFacts:
         args = func.args
         positional = [*args.posonlyargs, *args.args]
         for i, a in enumerate(positional):
-            self.origins[a.arg].append(Param(func, a.arg, i))
+            self._bind_name(a.arg, Param(func, a.arg, i))
         for a in args.kwonlyargs:
-            self.origins[a.arg].append(Param(func, a.arg, -1))
+            self._bind_name(a.arg, Param(func, a.arg, -1))
         for star in (args.vararg, args.kwarg):
             if star is not None:
-                self.origins[star.arg].append(Opaque())
+                self._bind_name(star.arg, Opaque())
+
+    def _bind_name(self, name: str, origin: Origin) -> None:
+        """A parameter: bound in the function itself (its site is the function)."""
+        self.origins[name].append(origin)
+        self.sites[name].append(self._site)
 
     # -- names and calls -----------------------------------------------------------------
     def qualname(self, node: ast.AST) -> str:
@@ -434,29 +439,57 @@ class ModuleFacts:
                 if items:
                     return items
             return [node] if isinstance(node, ast.expr) else []
-        cached = self._values.get(key)
+        origins = self.origins.get(key) or (
+            self.fields.get(key.rsplit(".", 1)[-1], []) if "." in key else []
+        )  # `cfg.backend` never set here: the class field's default (`backend: str = "nccl"`)
+        scope = self._local_scope(node, key)
+        memo = key if scope is None else f"{key}@{id(scope)}"
+        if scope is not None:  # a function's own variable: only what that function binds
+            origins = [
+                o for o, site in zip(origins, self.sites[key], strict=True)
+                if self._site_scope(site, o) is scope
+            ]  # fmt: skip
+        cached = self._values.get(memo)
         if cached is not None:
             return cached
-        if key in self._resolving:  # `x = f(x)`, or a method found through x's own value
+        if memo in self._resolving:  # `x = f(x)`, or a method found through x's own value
             self._cuts += 1
             return []
         if not self._resolving:
             self._budget = BUDGET  # each question asked from outside gets its own budget
-        self._resolving.add(key)
+        self._resolving.add(memo)
         cuts = self._cuts
         result: list[Origin] = []
-        origins = self.origins.get(key) or (
-            self.fields.get(key.rsplit(".", 1)[-1], []) if "." in key else []
-        )  # `cfg.backend` never set here: the class field's default (`backend: str = "nccl"`)
         try:
             for origin in origins:
                 result += self._follow(origin, depth)
         finally:
-            self._resolving.discard(key)
+            self._resolving.discard(memo)
         result = _capped([r for r in result if not (isinstance(r, ast.expr) and dotted(r) == key)])
         if cuts == self._cuts or depth == 0:  # complete, or the answer to the question asked
-            self._values[key] = result
+            self._values[memo] = result
         return result
+
+    def _local_scope(self, node: ast.AST, key: str) -> ast.AST | None:
+        """The function ``node`` (a plain name) is a local variable of, or None (a global,
+        an attribute, a name asked about from outside the tree)."""
+        if not isinstance(node, ast.Name) or node not in self.parents:
+            return None
+        scope = self.scope_of(node)
+        if scope is self.tree:
+            return None
+        for origin, site in zip(self.origins.get(key, []), self.sites[key], strict=True):
+            if self._site_scope(site, origin) is scope:
+                return scope
+        return None
+
+    def _site_scope(self, site: ast.AST, origin: Origin) -> ast.AST:
+        """The function a binding belongs to (a parameter's is its own function)."""
+        if isinstance(origin, (Param, Opaque)) and isinstance(
+            site, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+        ):
+            return site
+        return self.scope_of(site)
 
     def _items(self, node: ast.Subscript, depth: int) -> list[Origin]:
         """``d["acc"]`` with ``d = {"acc": correct / total}`` (or a comprehension's item:
@@ -492,8 +525,6 @@ class ModuleFacts:
             passed = self.arguments(origin)
             if passed is None:
                 return [Opaque()]
-            # `f(target)` into `def f(target)`: the name's other origins say it all
-            passed = [a for a in passed if dotted(a) != origin.name]
             return [v for a in passed for v in self.values(a, depth + 1) or [a]]
         if isinstance(origin, Element) and origin.index >= 0:
             # `rank, world = get_dist_info()` with `return dist.get_rank(), ...`
