@@ -181,6 +181,9 @@ class Guards:
         if isinstance(test, ast.BoolOp):
             return _combine(isinstance(test.op, ast.And), [self.rank_test(v) for v in test.values])
         if isinstance(test, ast.Compare) and len(test.ops) == 1:
+            if isinstance(test.ops[0], (ast.IsNot, ast.Is)) and is_none(test.comparators[0]):
+                kind = self._set_on_main_only(test.left)  # `if writer is not None:`
+                return kind if isinstance(test.ops[0], ast.IsNot) else _NEGATE.get(kind)
             return self._comparison(test.left, test.ops[0], test.comparators[0])
         if isinstance(test, ast.NamedExpr):
             return self.rank_test(test.value)
@@ -193,6 +196,8 @@ class Guards:
             return MAIN if self._returns_all(test, "main") else None
         if dotted(test) is None:
             return None
+        if isinstance(test, ast.Attribute) and self._main_property(test.attr):
+            return MAIN  # `env.leader` with `@property def leader(self): return self.rank == 0`
         values = self.facts.values(test)
         seen = {
             SINGLE if isinstance(v, ast.Constant) and v.value is True
@@ -201,6 +206,40 @@ class Guards:
             for v in values
         }  # fmt: skip
         return MAIN if values and MAIN in seen and seen <= {MAIN, SINGLE} else None
+
+    def _main_property(self, name: str) -> bool:
+        """``name`` is a property of a class here whose returns are all rank-0 tests."""
+        methods = [
+            m for m in self.facts.functions.get(name, [])
+            if any(last_name(d) in ("property", "cached_property") for d in m.decorator_list)
+        ]  # fmt: skip
+        if not methods:
+            return False
+        call = ast.Call(func=ast.Attribute(ast.Name("self"), name), args=[], keywords=[])
+        return self._returns_all(call, "main")
+
+    def _set_on_main_only(self, node: ast.expr) -> str | None:
+        """MAIN when ``node`` is something other than None only on the main process:
+        ``writer = SummaryWriter(...) if rank == 0 else None``, or ``writer = None`` and, under
+        a rank-0 guard, ``writer = SummaryWriter(...)``."""
+        key = dotted(node)
+        if key is None:
+            return None
+        sites = self.facts.sites.get(key, [])
+        values = self.facts.origins.get(key, [])
+        real = [(v, s) for v, s in zip(values, sites, strict=True) if not is_none(v)]
+        if not real:
+            return None
+        for value, site in real:
+            if isinstance(value, ast.IfExp):
+                kind = self.rank_test(value.test)
+                if not ((kind in ALONE and is_none(value.orelse)) or (
+                    _NEGATE.get(kind) in ALONE and is_none(value.body)
+                )):  # fmt: skip
+                    return None
+            elif not self.main_only(site):
+                return None
+        return MAIN
 
     def _bare_rank(self, node: ast.AST) -> bool:
         """``rank`` / ``dist.get_rank()`` used as a truth value (not a flag named like one)."""
@@ -397,6 +436,10 @@ def _main_name(name: str) -> bool:
     return words[0] == "is" and bool(
         {"main", "master", "primary", "leader", "chief", "zero", "rank0"} & set(words[1:])
     )
+
+
+def is_none(node: object) -> bool:
+    return isinstance(node, ast.Constant) and node.value is None
 
 
 def is_true(node: ast.AST) -> bool:
