@@ -154,3 +154,19 @@ def test_values_are_followed_through_names_parameters_and_returns() -> None:
 def test_truth_values_private_names_strings_and_conditional_flags_are_guards(guard: str) -> None:
     code = _script(guard)
     assert flagged(code, "PT010") == [] and flagged(code, "PT016") == []
+
+
+def test_what_values_returns_is_the_callers_own_list() -> None:
+    """A rule that extends the list it got must not change what the next rule is told."""
+    import ast
+
+    from paratrain.check.patterns import module_facts
+
+    tree = ast.parse("def f():\n    return 1\nx = f()\ny = x\n")
+    facts = module_facts(tree)
+    node = tree.body[-1].value  # type: ignore[attr-defined]
+    facts.values(node).append(ast.Constant(2))
+    assert [ast.unparse(v) for v in facts.values(node)] == ["1"]  # type: ignore[arg-type]
+    call = tree.body[1].value  # type: ignore[attr-defined]
+    facts.values(call).append(ast.Constant(3))
+    assert [ast.unparse(v) for v in facts.values(call)] == ["1"]  # type: ignore[arg-type]

@@ -422,7 +422,7 @@ class ModuleFacts:
         if key is None:
             if isinstance(node, ast.Call) and depth < 4:
                 if id(node) in self._called and node in self.parents:
-                    return self._called[id(node)]  # a call of the tree (not a made-up one)
+                    return list(self._called[id(node)])  # a call of the tree (not a made-up one)
                 found = self.function_of(node)
                 if found is not None and found[0] is self:
                     rets = self.returns(found[1])
@@ -432,7 +432,7 @@ class ModuleFacts:
                             [v for r in rets if r is not None for v in self.values(r, depth + 1)]
                         )
                         if cuts == self._cuts and node in self.parents:
-                            self._called[id(node)] = returned
+                            self._called[id(node)] = list(returned)
                         return returned
             if isinstance(node, ast.Subscript) and depth < 4:
                 items = self._items(node, depth)
@@ -451,11 +451,12 @@ class ModuleFacts:
             ]  # fmt: skip
         cached = self._values.get(memo)
         if cached is not None:
-            return cached
+            return list(cached)  # a copy: callers may extend what they get
         if memo in self._resolving:  # `x = f(x)`, or a method found through x's own value
             self._cuts += 1
             return []
-        if not self._resolving:
+        outermost = not self._resolving
+        if outermost:
             self._budget = BUDGET  # each question asked from outside gets its own budget
         self._resolving.add(memo)
         cuts = self._cuts
@@ -466,8 +467,8 @@ class ModuleFacts:
         finally:
             self._resolving.discard(memo)
         result = _capped([r for r in result if not (isinstance(r, ast.expr) and dotted(r) == key)])
-        if cuts == self._cuts or depth == 0:  # complete, or the answer to the question asked
-            self._values[memo] = result
+        if cuts == self._cuts or outermost:  # complete, or the answer to a question from outside
+            self._values[memo] = list(result)
         return result
 
     def _local_scope(self, node: ast.AST, key: str) -> ast.AST | None:
