@@ -194,6 +194,17 @@ class ModuleFacts:
             self._bind(node.target, Opaque())
         elif isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
             self._bind_loop(node)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "setattr"
+            and len(node.args) == 3
+            and dotted(node.args[0]) is not None
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+        ):  # `setattr(args, "rank", node_rank * ngpus + gpu)`
+            owner = ast.Attribute(value=node.args[0], attr=node.args[1].value)
+            self._bind(owner, node.args[2])
         elif isinstance(node, ast.withitem) and node.optional_vars is not None:
             self._bind(node.optional_vars, Opaque())
         elif isinstance(node, FUNCTIONS):

@@ -15,6 +15,7 @@ from paratrain.check.patterns import (
     LoopTarget,
     ModuleFacts,
     dotted,
+    is_const,
     keyword,
     last_name,
     method,
@@ -188,7 +189,11 @@ def _has_fallback(facts: ModuleFacts) -> bool:
             qual = facts.qualname(node.func)
             needs_cuda = qual == "torch.cuda.set_device" or method(node) == "cuda"
         elif isinstance(node, ast.keyword) and node.arg == "device_ids":
-            needs_cuda = not isinstance(node.value, ast.IfExp)  # `[rank] if cuda else None`
+            chosen = [node.value, *facts.values(node.value)]  # `[rank] if cuda else None`
+            needs_cuda = not any(
+                isinstance(v, ast.IfExp) or (isinstance(v, ast.expr) and is_const(v, None))
+                for v in chosen
+            )
         if needs_cuda and not _tests_for_gpu(facts, node):
             return True
     return False

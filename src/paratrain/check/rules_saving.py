@@ -18,6 +18,7 @@ from paratrain.check.patterns import (
     has_star_kwargs,
     is_const,
     keyword,
+    last_name,
     module_facts,
 )
 
@@ -30,9 +31,15 @@ TYPE_TESTS = ("isinstance", "hasattr")
 
 
 def _saves(facts: ModuleFacts) -> Iterator[ast.Call]:
+    """``torch.save(obj, f)`` calls, written with ``obj`` first (``obj=`` moved there)."""
     for call, qual in facts.calls():
-        if qual == "torch.save" and call.args:
+        if qual != "torch.save":
+            continue
+        if call.args:
             yield call
+        elif (obj := keyword(call, "obj")) is not None:
+            rest = [k for k in call.keywords if k.arg != "obj"]
+            yield ast.copy_location(ast.Call(func=call.func, args=[obj], keywords=rest), call)
 
 
 def _is_wrapper(facts: ModuleFacts, origin: object, wrappers: tuple[str, ...] = WRAPPERS) -> bool:
@@ -177,6 +184,7 @@ def _module_like(facts: ModuleFacts, origin: object, key: str | None, classes: s
 def _wrapped_module(facts: ModuleFacts, node: ast.expr) -> bool:
     """``ddp_model.module`` (or a name set to it): the model inside a DDP/DataParallel
     wrapper."""
+    node = _copied(_unchained_expr(node))
     candidates = [node, *facts.values(node)] if dotted(node) else [node]
     for c in candidates:
         if (
@@ -193,6 +201,24 @@ def _wrapped_module(facts: ModuleFacts, node: ast.expr) -> bool:
         ):
             return True
     return False
+
+
+def _unchained_expr(node: ast.expr) -> ast.expr:
+    """``net.module.cpu().eval()`` -> ``net.module`` (these methods return the module)."""
+    while (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in SELF_RETURNING
+    ):
+        node = node.func.value
+    return node
+
+
+def _copied(node: ast.expr) -> ast.expr:
+    """``copy.deepcopy(x)`` -> ``x`` (a copy of a module is a module)."""
+    if isinstance(node, ast.Call) and last_name(node.func) == "deepcopy" and node.args:
+        return _unchained_expr(node.args[0])
+    return node
 
 
 def _used_as_module(facts: ModuleFacts, key: str) -> bool:
