@@ -77,9 +77,12 @@ def _given_from(facts: ModuleFacts, key: str) -> bool:
     return False
 
 
-def _used(facts: ModuleFacts, key: str) -> bool:
-    """``key`` is read other than as the owner of a method call (``sampler.set_epoch(e)``)."""
-    for node in facts.nodes:
+def _used(facts: ModuleFacts, key: str, scope: ast.AST | None = None, depth: int = 0) -> bool:
+    """``key`` is read other than as the owner of a method call (``sampler.set_epoch(e)``) or
+    in a test; handed to a function of this module, that function must use it in turn
+    (``make_loader(ds, cfg, sampler)`` that builds its DataLoader without it does not)."""
+    nodes = facts.nodes if scope is None else list(ast.walk(scope))
+    for node in nodes:
         if not isinstance(node, (ast.Name, ast.Attribute)) or dotted(node) != key:
             continue
         if not isinstance(getattr(node, "ctx", None), ast.Load):
@@ -89,8 +92,39 @@ def _used(facts: ModuleFacts, key: str) -> bool:
             continue
         if isinstance(parent, ast.Compare):  # `shuffle=(sampler is None)` reads, does not use
             continue
+        handed = _parameter_given(facts, node) if depth < 3 else None
+        if handed is not None:
+            func, name = handed
+            if _used(facts, name, func, depth + 1):
+                return True
+            continue
         return True
     return False
+
+
+def _parameter_given(
+    facts: ModuleFacts, node: ast.AST
+) -> tuple[ast.FunctionDef | ast.AsyncFunctionDef, str] | None:
+    """(function, parameter name) when ``node`` is an argument of a call of a function of this
+    module that takes it by name (not through ``*args``/``**kwargs``)."""
+    parent = facts.parents.get(node)
+    call = facts.parents.get(parent) if isinstance(parent, ast.keyword) else parent
+    if not isinstance(call, ast.Call):
+        return None
+    found = facts.function_of(call)
+    if found is None or found[0] is not facts:
+        return None
+    func = found[1]
+    names = [a.arg for a in (*func.args.posonlyargs, *func.args.args)]
+    if isinstance(parent, ast.keyword):
+        kwonly = [a.arg for a in func.args.kwonlyargs]
+        return (func, parent.arg) if parent.arg in (*names, *kwonly) else None
+    if node in call.args:
+        index = call.args.index(node)
+        if names[:1] == ["self"] and isinstance(call.func, ast.Attribute):
+            index += 1
+        return (func, names[index]) if index < len(names) else None
+    return None
 
 
 @rule("PT003", "sampler-unused", "a DistributedSampler is made but no DataLoader uses it")
@@ -124,6 +158,11 @@ def loader_keywords(facts: ModuleFacts, call: ast.Call) -> dict[str, ast.expr] |
     found: dict[str, ast.expr] = {}
     target = call
     if not facts.qualname(call.func).endswith("DataLoader"):
+        inner = _passes_kwargs_to_loader(facts, call)
+        if inner is not None:  # `def make_loader(*a, **kw): return DataLoader(*a, **kw)`
+            found.update({k: v for k, v in _keywords(facts, inner).items()})
+            found.update(_keywords(facts, call))
+            return found
         made = [v for v in facts.values(call.func) if isinstance(v, ast.Call)]
         partial = [v for v in made if facts.qualname(v.func).endswith("partial") and v.args]
         if not partial or not facts.qualname(partial[0].args[0]).endswith("DataLoader"):
@@ -131,6 +170,25 @@ def loader_keywords(facts: ModuleFacts, call: ast.Call) -> dict[str, ast.expr] |
         found.update(_keywords(facts, partial[0]))
     found.update(_keywords(facts, target))
     return found
+
+
+def _passes_kwargs_to_loader(facts: ModuleFacts, call: ast.Call) -> ast.Call | None:
+    """The ``DataLoader(..., **kwargs)`` a function of this module returns, handing on the
+    keywords ``call`` gives it."""
+    found = facts.function_of(call)
+    if found is None or found[0] is not facts or found[1].args.kwarg is None:
+        return None
+    kwarg = found[1].args.kwarg.arg
+    for value in facts.returns(found[1]):
+        if (
+            isinstance(value, ast.Call)
+            and facts.qualname(value.func).endswith("DataLoader")
+            and any(k.arg is None and dotted(k.value) == kwarg for k in value.keywords)
+        ):
+            return ast.Call(
+                func=value.func, args=value.args, keywords=[k for k in value.keywords if k.arg]
+            )
+    return None
 
 
 def _keywords(facts: ModuleFacts, call: ast.Call) -> dict[str, ast.expr]:
@@ -303,6 +361,20 @@ def _makes_again(facts: ModuleFacts, loop: ast.AST, loaders: list[ast.expr]) -> 
     )  # fmt: skip
 
 
+def _deferred_set_epoch(facts: ModuleFacts, scope: ast.AST) -> bool:
+    """``scope`` holds a ``set_epoch`` that runs later or again: in a lambda, a nested
+    function or a loop of its own (not once, before the epochs, on a resume)."""
+    for owner, call in facts.calls_within(scope, depth=0):
+        if method(call) != "set_epoch" or _still(owner, call.func.value):  # type: ignore[attr-defined]
+            continue
+        for _, parent in owner.ancestors(call):
+            if parent is scope:
+                break
+            if isinstance(parent, (ast.Lambda, ast.FunctionDef, ast.AsyncFunctionDef, *LOOPS)):
+                return True
+    return False
+
+
 def _sets_epoch(facts: ModuleFacts, scope: ast.AST) -> bool:
     """Some ``.set_epoch(...)`` runs in ``scope`` or in a function it calls (three deep)."""
     return any(
@@ -327,8 +399,8 @@ def no_set_epoch(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
         for epoch_loop in _epoch_loops(facts, loop):
             if id(epoch_loop) in reported or _sets_epoch(facts, epoch_loop):
                 continue
-            if _sets_epoch(facts, facts.scope_of(loop)) and facts.scope_of(loop) is not tree:
-                continue  # the function that walks the loader tells the sampler itself
+            if _deferred_set_epoch(facts, facts.scope_of(loop)):
+                continue  # a hook the loop fires: `hooks.append(lambda s: sampler.set_epoch(...))`
             reported.add(id(epoch_loop))
             yield Finding.at(
                 "PT005",

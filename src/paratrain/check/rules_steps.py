@@ -278,6 +278,8 @@ def _divided_in_place(facts: ModuleFacts, key: str, wanted: set[str]) -> bool:
 def _loss_of(call: ast.Call) -> ast.AST:
     """What ``call`` (a ``.backward()``) differentiates: ``loss`` of ``loss.backward()`` and of
     ``scaler.scale(loss).backward()``."""
+    if call.args:  # `accelerator.backward(loss)`, `run.backward(loss)`
+        return call.args[0]
     owner = call.func.value if isinstance(call.func, ast.Attribute) else call
     if isinstance(owner, ast.Call) and method(owner) == "scale" and owner.args:
         return owner.args[0]
@@ -374,7 +376,8 @@ def accumulation_not_divided(tree: ast.Module, lines: Sequence[str]) -> Iterator
         for call, always in acc.calls:
             if not always or method(call) != "backward":
                 continue
-            if _divided(facts, _loss_of(call), wanted) or _divided(facts, call, set()):
+            inline = any(_is_division(n) for n in ast.walk(_loss_of(call)))  # `(l / k).backward()`
+            if inline or _divided(facts, _loss_of(call), wanted):
                 continue
             yield Finding.at(
                 "PT019",

@@ -109,9 +109,11 @@ def forward_bypasses_ddp(tree: ast.Module, lines: Sequence[str]) -> Iterator[Fin
 def _always_no_sync(facts: ModuleFacts, context: ast.expr) -> bool:
     """``model.no_sync()``, or ``model.no_sync() if world_size > 1 else nullcontext()``: a
     choice made on the run's shape (not on the micro-batch) is no_sync whenever it matters."""
+    if isinstance(context, (ast.Name, ast.Call)) and method(context) != "no_sync":
+        # a name, or a helper returning the context: every value must be no_sync
+        chosen = [v for v in facts.values(context) if isinstance(v, ast.expr)]
+        return bool(chosen) and all(v is not context and _always_no_sync(facts, v) for v in chosen)
     options: list[ast.expr] = [context]
-    if isinstance(context, ast.Name):
-        options = [v for v in facts.values(context) if isinstance(v, ast.expr)]
     for option in options:
         if method(option) == "no_sync":
             return True
