@@ -57,9 +57,15 @@ def _is_mean(facts: ModuleFacts, node: ast.expr) -> bool:
             return True
         if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Div):
             return True
-        made = isinstance(value, ast.Call) and last_name(value.func) in FACTORIES and value.args
-        if made and _is_mean(facts, value.args[0]):  # type: ignore[attr-defined]
-            return True
+        made = (
+            isinstance(value, ast.Call)
+            and last_name(value.func) in ("tensor", "as_tensor", "stack")
+            and bool(value.args)
+        )
+        first = value.args[0] if made else None  # type: ignore[attr-defined]
+        parts = first.elts if isinstance(first, (ast.List, ast.Tuple)) else [first]
+        if made and parts and all(p is not None and _is_mean(facts, p) for p in parts):
+            return True  # `torch.tensor(acc)`, `torch.tensor([self.avg])`
         text = _words(value) if dotted(value) or isinstance(value, ast.Call) else ""
         if any(w in text for w in MEAN_WORDS) and not any(w in text for w in SUM_WORDS):
             stacked = isinstance(value, ast.Call) and last_name(value.func) in ("stack", "cat")
@@ -103,6 +109,9 @@ def _reported_after(facts: ModuleFacts, key: str, call: ast.Call) -> ast.AST | N
         later = isinstance(node, ast.Assign) and node.lineno > line
         if later and any(dotted(n) == key for n in ast.walk(node.value)):  # type: ignore[attr-defined]
             keys |= {k for t in node.targets if (k := dotted(t)) is not None}  # type: ignore[attr-defined]
+            for target in node.targets:  # type: ignore[attr-defined]
+                if any(w in last_name(target).lower() for w in ("avg", "mean")):
+                    return node  # stored back as the average: `self.avg = t.item()`
     for name in sorted(keys):
         found = _reported_as(facts, name, call)
         if found is not None:

@@ -318,8 +318,8 @@ def _accumulations(facts: ModuleFacts) -> list[Accumulation]:
 def _find_accumulations(facts: ModuleFacts) -> Iterator[Accumulation]:
     done: set[int] = set()
     for step, _ in facts.calls():
-        if not _is_optimizer_step(step):
-            continue
+        if not (_is_optimizer_step(step) or _in_helper(facts, step, _is_optimizer_step)):
+            continue  # (`if micro % accum == 0: self._optimizer_step()` steps in a helper)
         tests: list[ast.expr] = []
         window: ast.AST | None = None
         for _, parent in facts.ancestors(step):
@@ -355,9 +355,14 @@ def _find_accumulations(facts: ModuleFacts) -> Iterator[Accumulation]:
             if isinstance(node, ast.Call):
                 path = _between(facts, node, loop)
                 if path is not None:
-                    guarded = any(isinstance(p, (ast.If, ast.IfExp, ast.Try)) for p in path)
+                    # a `try` body and its `finally` run every pass; an `except` does not
+                    guarded = any(
+                        isinstance(p, (ast.If, ast.IfExp, ast.ExceptHandler)) for p in path
+                    )
                     calls.append((node, not guarded and not (path and path[-1] in skipped)))
-        if any(always and _is_optimizer_step(c) for c, always in calls):
+        if any(always and _is_optimizer_step(c) for c, always in calls) or not any(
+            c is step for c, always in calls if not always
+        ):
             continue  # another optimizer steps every batch (a GAN's critic): not accumulation
         yield Accumulation(loop, count, calls)
 

@@ -125,10 +125,14 @@ def _always_no_sync(facts: ModuleFacts, context: ast.expr) -> bool:
     return False
 
 
-def _in_no_sync(facts: ModuleFacts, node: ast.AST) -> bool:
+def _in_no_sync(facts: ModuleFacts, node: ast.AST, depth: int = 0) -> bool:
     """Inside ``with model.no_sync():``, or in a ``with ExitStack() as stack:`` whose body
-    enters ``model.no_sync()`` unconditionally before ``node``."""
+    enters ``model.no_sync()`` unconditionally before ``node``, or in a function only ever
+    called so (``with no_sync(): self._backward(loss)``)."""
     for child, parent in facts.ancestors(node):
+        if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            refs = facts.references(parent) if depth < 2 else []
+            return bool(refs) and all(_in_no_sync(facts, r, depth + 1) for r in refs)
         if isinstance(parent, (ast.With, ast.AsyncWith)):
             if any(_always_no_sync(facts, i.context_expr) for i in parent.items):
                 return True
