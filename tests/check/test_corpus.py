@@ -3,8 +3,8 @@
 125 correct training scripts and 292 with one planted mistake each, written in the shapes of
 public training code (pytorch/examples, torchvision references, timm, DeiT, MAE, OpenCLIP, DETR,
 HF no-trainer scripts, nanoGPT, minGPT, Megatron, torchtune, torchtitan, fairseq-, mmcv- and
-speechbrain-style trainers) in three rounds; docs/rules/index.md has the per-rule table. ``python -m tests.check.corpus.score
---misses`` prints the per-rule table and every miss.
+speechbrain-style trainers) in three rounds; docs/rules/index.md has the per-rule table.
+``python -m tests.check.corpus.score --misses`` prints it with every miss.
 
     pytest tests/check/test_corpus.py -q
 """
