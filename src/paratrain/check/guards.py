@@ -1,6 +1,6 @@
 """Which process runs a statement: rank values, rank tests and the guards made of them.
 
-    guards = module_facts(tree).guards
+    guards = guards_of(module_facts(tree))
     guards.rank_test(test)   # MAIN, OFF, SINGLE, MULTI, ONE or None for an `if` test
     guards.main_only(node)   # True: only the main process (or a lone process) runs `node`
     guards.is_global_rank(x) # dist.get_rank(), $RANK, node_rank * ngpus + gpu, a helper's return
@@ -21,12 +21,9 @@ a function every caller calls under a guard.
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING
 
+from paratrain.check.patterns import Function, ModuleFacts
 from paratrain.check.syntax import dotted, env_key, last_name
-
-if TYPE_CHECKING:
-    from paratrain.check.patterns import Function, ModuleFacts
 
 MAIN, OFF, SINGLE, MULTI, ONE = "main", "off", "single", "multi", "one"
 """Where a test holds: only on rank 0; only off it; only without several processes; only with;
@@ -51,6 +48,14 @@ RANK_CALLS = {"get_rank", "get_local_rank", "get_global_rank", "get_node_rank"}
 RANK_ENV = {"RANK", "LOCAL_RANK"}
 EXITS = (ast.Return, ast.Continue, ast.Break, ast.Raise)
 _NEGATE: dict[str | None, str | None] = {MAIN: OFF, OFF: MAIN, SINGLE: MULTI, MULTI: SINGLE}
+
+
+def guards_of(facts: ModuleFacts) -> Guards:
+    """The rank facts of ``facts``' module, made once and shared by the rules."""
+    found = facts.memo.get("guards")
+    if not isinstance(found, Guards):
+        found = facts.memo["guards"] = Guards(facts)
+    return found
 
 
 class Guards:
@@ -88,7 +93,7 @@ class Guards:
         if key in self._helper:
             return self._helper[key]
         self._helper[key] = False  # recursion: not (yet) known
-        guards = owner.guards
+        guards = guards_of(owner)
         values = [r for r in owner.returns(func) if not isinstance(r, ast.Constant)]
         if test == "global":
             ok = bool(values) and all(r is not None and guards.is_global_rank(r) for r in values)

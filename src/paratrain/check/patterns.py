@@ -5,7 +5,6 @@
     facts.values(node)          # the expressions `node` may hold, followed through names
     facts.function_of(call)     # the FunctionDef a call runs (this file or a sibling module)
     facts.references(func)     # every place that calls or names that function
-    facts.main_only(node)       # True under any rank-0 guard (see paratrain.check.guards)
 
 Names are keyed by their dotted text (``rank``, ``self.rank``, ``args.rank``) over the whole
 module: every assignment, walrus, loop target or tuple unpacking of a name is one of its
@@ -26,7 +25,6 @@ from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from paratrain.check import guards
 from paratrain.check.syntax import (
     dotted,
     env_key,
@@ -156,7 +154,6 @@ class ModuleFacts:
         self._arguments: dict[tuple[int, str], list[ast.expr] | None] = {}
         self._budget = 0
         self._cuts = 0  # how many times following a value stopped short (results not cached)
-        self.guards = guards.Guards(self)
 
     # -- bindings ------------------------------------------------------------------------
     def _bind(self, target: ast.AST, origin: Origin) -> None:
@@ -559,23 +556,6 @@ class ModuleFacts:
         """:meth:`values` of the name ``key`` (``"model"``, ``"self.model"``)."""
         node = ast.parse(key, mode="eval").body
         return self.values(node)
-
-    # -- guards (paratrain.check.guards) --------------------------------------------------
-    def is_global_rank(self, node: ast.AST) -> bool:
-        """``node`` is this process's global rank: wrong as a device index on several nodes."""
-        return self.guards.is_global_rank(node)
-
-    def is_rank_like(self, node: ast.AST) -> bool:
-        """A rank of some kind: a ``*rank*`` name, ``get_rank()``, ``$RANK``/``$LOCAL_RANK``."""
-        return self.guards.is_rank_like(node)
-
-    def main_test(self, test: ast.AST) -> bool | None:
-        """True: the test holds only on the main process; False: only off it; None: unknown."""
-        return self.guards.main_test(test)
-
-    def main_only(self, node: ast.AST, *, within: bool = False) -> bool:
-        """``node`` runs on the main process only (see :meth:`guards.Guards.main_only`)."""
-        return self.guards.main_only(node, within=within)
 
 
 BUDGET = 2000

@@ -11,6 +11,7 @@ import ast
 from collections.abc import Iterator, Sequence
 
 from paratrain.check.findings import Finding, rule
+from paratrain.check.guards import guards_of
 from paratrain.check.patterns import (
     FUNCTIONS,
     ModuleFacts,
@@ -268,7 +269,12 @@ def early_stop_one_rank(tree: ast.Module, lines: Sequence[str]) -> Iterator[Find
         if not isinstance(node, (ast.Break, ast.Return)):
             continue
         test, loop = _stop_test(facts, node)
-        if test is None or loop is None or not _trains(facts, loop) or facts.main_only(node):
+        if (
+            test is None
+            or loop is None
+            or not _trains(facts, loop)
+            or guards_of(facts).main_only(node)
+        ):
             continue
         depends = _influences(facts, test)
         if not any(_is_metric(k) for k in depends) or depends & shared:
@@ -332,9 +338,9 @@ def _saves_on_main(facts: ModuleFacts, call: ast.Call) -> bool:
     """``call`` saves, on the main process only: guarded where it is called, or every save it
     makes is guarded inside the function it runs."""
     saves = [s for s in _inner(facts, call, "save") if s is not call]
-    if facts.qualname(call.func) == "torch.save" or facts.main_only(call):
-        return facts.main_only(call)
-    return bool(saves) and all(facts.main_only(s, within=True) for s in saves)
+    if facts.qualname(call.func) == "torch.save" or guards_of(facts).main_only(call):
+        return guards_of(facts).main_only(call)
+    return bool(saves) and all(guards_of(facts).main_only(s, within=True) for s in saves)
 
 
 PATH_WORDS = ("path", "file", "ckpt", "checkpoint", "dir", "best", "cache", "out", "weights",
@@ -391,7 +397,7 @@ def load_before_save_done(tree: ast.Module, lines: Sequence[str]) -> Iterator[Fi
                 saved
                 and _does(facts, call, "load")
                 and saved & _paths(facts, call)
-                and not facts.main_only(call)
+                and not guards_of(facts).main_only(call)
             ):
                 yield Finding.at(
                     "PT026",

@@ -10,6 +10,7 @@ import ast
 from collections.abc import Iterator, Sequence
 
 from paratrain.check.findings import Finding, rule
+from paratrain.check.guards import guards_of
 from paratrain.check.patterns import (
     Element,
     LoopTarget,
@@ -47,12 +48,16 @@ def _rank_device_uses(facts: ModuleFacts) -> Iterator[ast.AST]:
                 candidates += ids.elts
             candidates += [v for v in [keyword(call, "output_device")] if v is not None]
         candidates += [v for v in [keyword(call, "device")] if v is not None]
-        yield from (c for c in candidates if facts.is_global_rank(c))
+        yield from (c for c in candidates if guards_of(facts).is_global_rank(c))
     for node in facts.nodes:
         if isinstance(node, ast.JoinedStr) and len(node.values) >= 2:
             head, value = node.values[0], node.values[1]
             cuda = isinstance(head, ast.Constant) and str(head.value).endswith("cuda:")
-            if cuda and isinstance(value, ast.FormattedValue) and facts.is_global_rank(value.value):
+            if (
+                cuda
+                and isinstance(value, ast.FormattedValue)
+                and guards_of(facts).is_global_rank(value.value)
+            ):
                 yield node
 
 

@@ -11,6 +11,7 @@ import ast
 from collections.abc import Iterator, Sequence
 
 from paratrain.check.findings import Finding, rule
+from paratrain.check.guards import guards_of
 from paratrain.check.patterns import (
     ModuleFacts,
     dotted,
@@ -76,7 +77,7 @@ def _mentions_rank(facts: ModuleFacts, call: ast.Call) -> bool:
     places = call.args[1:2] if is_save else [*call.args, *(k.value for k in call.keywords)]
     if is_save:
         places += [k.value for k in call.keywords if k.arg == "f"]
-    return any(facts.is_rank_like(n) for arg in places for n in ast.walk(arg))
+    return any(guards_of(facts).is_rank_like(n) for arg in places for n in ast.walk(arg))
 
 
 @rule("PT010", "every-rank-writes", "torch.save or SummaryWriter outside a rank-0 guard")
@@ -100,7 +101,7 @@ def every_rank_writes(tree: ast.Module, lines: Sequence[str]) -> Iterator[Findin
                 what = "SummaryWriter"
             else:
                 continue
-            if facts.main_only(node) or _mentions_rank(facts, node):
+            if guards_of(facts).main_only(node) or _mentions_rank(facts, node):
                 continue
             yield Finding.at(
                 "PT010",
@@ -115,7 +116,7 @@ def every_rank_writes(tree: ast.Module, lines: Sequence[str]) -> Iterator[Findin
 def _rank_branch(facts: ModuleFacts, node: ast.AST) -> ast.If | None:
     """The ``if`` that lets only the main process reach ``node``, or None."""
     for child, parent in facts.ancestors(node):
-        if isinstance(parent, ast.If) and facts.guards.side(child, parent) is True:
+        if isinstance(parent, ast.If) and guards_of(facts).side(child, parent) is True:
             return parent
     return None
 
@@ -140,7 +141,7 @@ def _matched_off_main(facts: ModuleFacts, node: ast.AST, name: str) -> bool:
         for child, parent in facts.ancestors(other):
             if parent is scope:
                 break
-            if isinstance(parent, ast.If) and facts.guards.side(child, parent) is False:
+            if isinstance(parent, ast.If) and guards_of(facts).side(child, parent) is False:
                 return True
     return False
 
@@ -156,7 +157,7 @@ def collective_on_one_rank(tree: ast.Module, lines: Sequence[str]) -> Iterator[F
     facts = module_facts(tree)
     for node in module_facts(tree).nodes:
         name = _collective_name(facts, node)
-        if name is None or not facts.main_only(node):
+        if name is None or not guards_of(facts).main_only(node):
             continue
         branch = _rank_branch(facts, node)
         if branch is not None:  # `if rank == 0: dist.barrier() else: dist.barrier()` is fine
@@ -179,7 +180,7 @@ def collective_on_one_rank(tree: ast.Module, lines: Sequence[str]) -> Iterator[F
 def _prints_own_rank(facts: ModuleFacts, call: ast.Call) -> bool:
     """``print(f"rank {rank}: ...")``: a rank's own line is meant."""
     args = [*call.args, *(k.value for k in call.keywords)]
-    return any(facts.is_rank_like(n) for arg in args for n in ast.walk(arg))
+    return any(guards_of(facts).is_rank_like(n) for arg in args for n in ast.walk(arg))
 
 
 @rule("PT016", "every-rank-prints", "print in distributed training code outside a rank-0 guard")
@@ -190,13 +191,13 @@ def every_rank_prints(tree: ast.Module, lines: Sequence[str]) -> Iterator[Findin
     (``print(f"rank {rank} ...")``) is taken as meant per rank and left alone.
     """
     facts = module_facts(tree)
-    if not facts.distributed or facts.guards.prints_replaced():
+    if not facts.distributed or guards_of(facts).prints_replaced():
         return
     for scope in _training_scopes(facts):
         for node in own_nodes(scope):
             if not (isinstance(node, ast.Call) and facts.qualname(node.func) == "print"):
                 continue
-            if facts.main_only(node) or _prints_own_rank(facts, node):
+            if guards_of(facts).main_only(node) or _prints_own_rank(facts, node):
                 continue
             yield Finding.at(
                 "PT016",
@@ -253,7 +254,7 @@ def _summed_over_shard(facts: ModuleFacts, name: str) -> bool:
     for node in facts.sites.get(name, []):
         if not (isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Add)):
             continue
-        if facts.main_only(node):
+        if guards_of(facts).main_only(node):
             continue
         for _, loop in facts.ancestors(node):
             if isinstance(loop, (ast.For, ast.AsyncFor)) and _sharded_loader(facts, loop.iter):
@@ -315,7 +316,7 @@ def metric_from_one_rank(tree: ast.Module, lines: Sequence[str]) -> Iterator[Fin
     if not facts.distributed or _combines_anything(facts):
         return
     for call, _ in facts.calls():
-        if not (_is_report(facts, call) and facts.main_only(call)):
+        if not (_is_report(facts, call) and guards_of(facts).main_only(call)):
             continue
         division = _shard_average(facts, call)
         if division is None:

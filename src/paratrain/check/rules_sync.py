@@ -10,7 +10,7 @@ import ast
 from collections.abc import Iterator, Sequence
 
 from paratrain.check.findings import Finding, rule
-from paratrain.check.guards import MULTI, SINGLE
+from paratrain.check.guards import MULTI, SINGLE, guards_of
 from paratrain.check.patterns import FUNCTIONS, ModuleFacts, dotted, last_name, method, module_facts
 
 DDP = ("DistributedDataParallel",)
@@ -117,7 +117,7 @@ def _always_no_sync(facts: ModuleFacts, context: ast.expr) -> bool:
     for option in options:
         if method(option) == "no_sync":
             return True
-        shaped = isinstance(option, ast.IfExp) and facts.guards.rank_test(option.test) in (
+        shaped = isinstance(option, ast.IfExp) and guards_of(facts).rank_test(option.test) in (
             MULTI, SINGLE,
         )  # fmt: skip
         if shaped and any(method(b) == "no_sync" for b in (option.body, option.orelse)):  # type: ignore[attr-defined]
