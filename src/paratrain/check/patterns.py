@@ -4,14 +4,17 @@
     facts.qualname(call.func)   # "torch.nn.parallel.DistributedDataParallel" for DDP(...)
     facts.values(node)          # the expressions `node` may hold, followed through names
     facts.function_of(call)     # the FunctionDef a call runs (this file or a sibling module)
-    facts.references(func)     # every place that calls or names that function
+    facts.references(func)      # every place that calls or names that function
+    facts.calls_within(loop)    # the calls of `loop` and of the functions it calls
 
-Names are keyed by their dotted text (``rank``, ``self.rank``, ``args.rank``) over the whole
-module: every assignment, walrus, loop target or tuple unpacking of a name is one of its
-*origins*. :meth:`ModuleFacts.values` follows those origins through plain aliases
-(``m = model``), function parameters (to the arguments of every call in the file) and calls of
-the file's own functions (to what they return). Rules flag a value only when all of its
-origins agree, which keeps false positives rare at the price of missing some mistakes.
+Every assignment, walrus, loop target, tuple unpacking, ``setattr`` or parameter of a name is
+one of its *origins*. A function's own variables take only the origins inside that function;
+globals and attributes (``self.rank``, ``args.rank``, ``cfg.backend``: then a class field's
+default) take those of the whole module. :meth:`ModuleFacts.values` follows origins through
+aliases (``m = model``), parameters (to what every caller in the file passes), the file's own
+functions and methods (to what they return), tuple returns by position and ``d["key"]`` items;
+each question has a budget, past which the value is unknown. Rules flag a value only when all
+of its origins agree, which keeps false positives rare at the price of missing some mistakes.
 
 When a folder is checked, the scripts in one folder are *siblings*: ``from engine import
 train_one_epoch`` or ``utils.is_main_process()`` resolve to the sibling's function.
