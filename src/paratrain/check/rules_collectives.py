@@ -173,9 +173,43 @@ STOP_WORDS = (
 NOT_METRICS = ("step", "epoch", "iter", "max_", "args", "config", "cfg")
 
 
-def _is_metric(key: str) -> bool:
+def _metric_words(key: str) -> bool:
+    """The name speaks of a measured value (``val_loss``, ``bad_epochs``, ``best_acc``,
+    ``epochs_without_improvement``); ``eval_only`` and ``accum`` do not (``val`` and ``acc``
+    must be words of their own)."""
     name = key.rsplit(".", 1)[-1].lower()
-    return any(w in name for w in STOP_WORDS) and not any(w in key.lower() for w in NOT_METRICS)
+    words = name.split("_")
+    return any(w in name if "_" in w else any(
+        t == w or (len(w) > 3 and t.startswith(w)) for t in words
+    ) for w in STOP_WORDS)  # fmt: skip
+
+
+def _is_setting(key: str) -> bool:
+    """A configuration value: ``args.patience``, ``cfg.max_epochs``, ``PATIENCE``."""
+    head = key.split(".", 1)[0].lower()
+    return head in ("args", "cfg", "config", "opt", "hparams", "flags") or key.isupper()
+
+
+def _is_metric(key: str) -> bool:
+    return _metric_words(key) and not _is_setting(key)
+
+
+def _is_counter(key: str) -> bool:
+    """A step or epoch counter (``iter_num``, ``global_step``, ``max_iters``), not a count of
+    epochs without improvement."""
+    return not _metric_words(key) and any(w in key.lower() for w in NOT_METRICS)
+
+
+def _varies(facts: ModuleFacts, key: str, loop: ast.AST) -> bool:
+    """``key`` is a measured value, or something (not a counter) set inside ``loop``."""
+    if _is_metric(key):
+        return True
+    if _is_counter(key) or _is_setting(key):
+        return False
+    return any(
+        any(parent is loop for _, parent in facts.ancestors(site))
+        for site in facts.sites.get(key, [])
+    )
 
 
 def _read_names(node: ast.AST) -> set[str]:
@@ -276,6 +310,8 @@ def early_stop_one_rank(tree: ast.Module, lines: Sequence[str]) -> Iterator[Find
             or guards_of(facts).main_only(node)
         ):
             continue
+        if not any(_varies(facts, k, loop) for k in _read_names(test)):
+            continue  # `if iter_num > max_iters: break`, `if eval_only: break`: alike everywhere
         depends = _influences(facts, test)
         if not any(_is_metric(k) for k in depends) or depends & shared:
             continue
