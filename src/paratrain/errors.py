@@ -41,3 +41,30 @@ class StorageError(ParatrainError, RuntimeError):
 class DataError(ParatrainError, ValueError):
     """The data cannot be split or resumed as given (e.g. a stream whose order differs between
     DataLoader workers or ranks, which paratrain's split of the stream needs to be the same)."""
+
+
+class JobFailedError(ParatrainError):
+    """A launched job ended because a rank failed. The command exits with that rank's own code
+    (``exit_code``), not with 2, which means a usage error."""
+
+    def __init__(self, message: str, *, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+PEER_LOST = (
+    "Connection closed by peer",
+    "Connection reset",
+    "remote worker",
+    "Broken pipe",
+    "Socket Timeout",
+)
+"""Error texts of a rank that failed because a peer went away, not because of its own code:
+when one rank dies, every rank waiting on it in a collective fails a moment later with one of
+these (gloo, NCCL, the TCP store)."""
+
+
+def lost_a_peer(text: str) -> bool:
+    """Whether ``text`` (an error message or a traceback) says a peer went away: another rank
+    failed first, and its error is the one to read."""
+    return any(marker in text for marker in PEER_LOST)

@@ -97,7 +97,7 @@ def _run(tmp_path: Path, text: str, *args: str) -> subprocess.CompletedProcess[s
 def test_without_run_dir_the_message_uses_the_reported_one(tmp_path: Path) -> None:
     run_dir = tmp_path / "somewhere"
     proc = _run(tmp_path, REPORTS_AND_FAILS, str(run_dir))
-    assert proc.returncode == 2, proc.stderr
+    assert proc.returncode == 3, proc.stderr  # the failed rank's own code
     assert "run dir chosen by the script" in proc.stdout
     message = proc.stderr.split("paratrain: error:")[-1].replace("\n", " ")
     assert "stalled: rank 1 at step 7: fake.py:11" in message  # read from the reported stacks
@@ -108,7 +108,7 @@ def test_without_run_dir_the_message_uses_the_reported_one(tmp_path: Path) -> No
 
 def test_a_script_that_fails_before_run_points_at_no_run_dir(tmp_path: Path) -> None:
     proc = _run(tmp_path, CRASHES_BEFORE_RUN)
-    assert proc.returncode == 2
+    assert proc.returncode == 1
     message = proc.stderr.split("paratrain: error:")[-1].replace("\n", " ")
     assert "exited with code 1" in message and "reported no run dir" in message
     assert "runs/paratrain" not in message and not (tmp_path / "runs").exists()
@@ -177,7 +177,7 @@ def test_ctrl_c_stops_the_job_and_says_interrupted(tmp_path: Path, whom: str) ->
 def test_real_run_reports_its_run_dir(tmp_path: Path) -> None:
     """Needs ``paratrain.Run`` to write PARATRAIN_REPORT (run.py)."""
     proc = _run(tmp_path, REAL_RUN_FAILS, "chosen")
-    assert proc.returncode == 2, proc.stderr
+    assert proc.returncode == 5, proc.stderr
     message = proc.stderr.split("paratrain: error:")[-1].replace("\n", " ")
     assert "rank 1 (local rank 1) exited with code 5" in message
     assert f"are in {(tmp_path / 'chosen').resolve()}" in message
@@ -186,13 +186,60 @@ def test_real_run_reports_its_run_dir(tmp_path: Path) -> None:
 def test_real_run_save_on_one_rank_names_the_users_line(tmp_path: Path) -> None:
     """Needs ``paratrain.Run`` to write PARATRAIN_REPORT; no --run-dir: stacks from the report."""
     proc = _run(tmp_path, REAL_RUN_SAVES_ON_ONE_RANK, "chosen")
-    assert proc.returncode == 2, proc.stderr
+    assert proc.returncode == 1, proc.stderr  # the rank's own 2 (a usage error) is not passed on
     message = proc.stderr.replace("\n", " ")
     # The save's own check (0.8 x timeout_s) fires before the watchdog (0.9 x timeout_s).
     assert "run.save() is collective: every rank must call it" in message
-    # Rank 0 exits from the failed save; on a loaded machine rank 1's watchdog (waiting in the
+    # Rank 0 raises from the failed save; on a loaded machine rank 1's watchdog (waiting in the
     # next all-reduce) can end first, so the launcher may name either rank.
-    assert re.search(r"rank [01] \(local rank [01]\) exited with code \d+", message), message
+    named = r"rank 0 raised CheckpointError: .* at \S*job.py:13|rank 1 \(local rank 1\) exited"
+    assert re.search(named, message), message
+
+
+REAL_RUN_RAISES = """
+import sys
+import torch
+import paratrain as pt
+
+run = pt.Run(strategy="ddp", run_dir=sys.argv[1], progress=False)
+net = torch.nn.Linear(4, 2)
+model, opt = run.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
+for step in range(3):
+    if run.rank == 1 and step == 1:
+        raise ValueError("bad shape in my data")
+    run.backward(model(torch.randn(8, 4)).sum())
+    run.step(opt)
+"""
+
+REAL_RUN_KILLED = """
+import os, signal, sys
+import paratrain as pt
+
+run = pt.Run(strategy="ddp", run_dir=sys.argv[1], progress=False)
+if run.rank == 1:
+    os.kill(os.getpid(), signal.SIGKILL)
+run.barrier()
+"""
+
+
+def test_a_rank_that_raises_is_shown_first_and_sets_the_exit_code(tmp_path: Path) -> None:
+    proc = _run(tmp_path, REAL_RUN_RAISES, "chosen")
+    assert proc.returncode == 1, proc.stderr  # Python's code for an uncaught exception, not 2
+    tracebacks = re.findall(r"^\[rank(\d)\]: Traceback", proc.stderr, re.MULTILINE)
+    assert tracebacks == ["1"], proc.stderr  # rank 0 only lost its peer: one line, no traceback
+    assert re.search(r"^\[rank0\]: .*a peer failed", proc.stderr, re.MULTILINE), proc.stderr
+    message = proc.stderr.split("paratrain: error:")[-1].replace("\n", " ")
+    job = (tmp_path / "job.py").resolve()
+    assert f"rank 1 raised ValueError: bad shape in my data at {job}:11" in message, message
+    assert "--max-restarts" not in message and "a restart would raise it again" in message
+
+
+def test_a_rank_killed_by_a_signal_suggests_a_restart(tmp_path: Path) -> None:
+    proc = _run(tmp_path, REAL_RUN_KILLED, "chosen")
+    assert proc.returncode == 128 + signal.SIGKILL, proc.stderr
+    message = proc.stderr.split("paratrain: error:")[-1].replace("\n", " ")
+    assert "rank 1 (local rank 1) was killed by SIGKILL" in message
+    assert "--max-restarts K resumes from the newest checkpoint" in message
 
 
 ECHOES_ITS_ARGUMENTS = """

@@ -59,7 +59,7 @@ from paratrain.checkpoint.verified_reads import (
     BLOCK_BYTES,
     checksum_file,
 )
-from paratrain.errors import CheckpointError
+from paratrain.errors import CheckpointError, lost_a_peer
 
 PREFIX = "step-"
 
@@ -215,6 +215,11 @@ class CheckpointStore:
                 timeout=datetime.timedelta(seconds=self.check_timeout_s), wait_all_ranks=True
             )
         except RuntimeError as err:
+            if lost_a_peer(str(err)):
+                raise CheckpointError(
+                    f"run.save() stopped: another rank failed before it reached the save "
+                    f"({err}). That rank's own error, printed by it, is the one to read and fix."
+                ) from None
             raise CheckpointError(
                 f"run.save() is collective: every rank must call it (only rank 0 writes). "
                 f"Not every rank arrived within {self.check_timeout_s:.0f}s: {err}. Call "

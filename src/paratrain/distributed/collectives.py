@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from paratrain.errors import ConfigError, ParatrainError
+from paratrain.errors import ConfigError, ParatrainError, lost_a_peer
 
 Number = TypeVar("Number", int, float, torch.Tensor)
 
@@ -100,6 +100,11 @@ def named_barrier(name: str, *, timeout_s: float, group: Any = None) -> None:
             group=group, timeout=datetime.timedelta(seconds=timeout_s), wait_all_ranks=True
         )
     except RuntimeError as err:
+        if lost_a_peer(str(err)):
+            raise ParatrainError(
+                f"barrier {name!r}: another rank failed before it arrived ({err}). That "
+                "rank's own error, printed by it, is the one to read and fix."
+            ) from None
         raise ParatrainError(
             f"barrier {name!r}: not every rank arrived within {timeout_s:.0f}s ({err}). The "
             "late ranks are stuck or took another code path; their stacks tell which."

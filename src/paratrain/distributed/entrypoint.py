@@ -1,4 +1,5 @@
-"""Turn user errors into one-paragraph messages and exit code 2 at every process entry point.
+"""Turn user errors into one-paragraph messages and exit code 2 at every process entry point
+(a :class:`~paratrain.errors.JobFailedError` exits with the failed rank's own code).
 
     def main() -> None:
         exit_on_user_error(lambda: train(parse_args()))
@@ -15,7 +16,7 @@ import textwrap
 from collections.abc import Callable
 from typing import NoReturn, TypeVar
 
-from paratrain.errors import ParatrainError
+from paratrain.errors import JobFailedError, ParatrainError
 
 T = TypeVar("T")
 
@@ -23,7 +24,7 @@ USER_ERROR_EXIT = 2
 
 
 def report(err: ParatrainError) -> NoReturn:
-    """Print ``err`` as a wrapped paragraph and exit with code 2."""
+    """Print ``err`` as a wrapped paragraph and exit with code 2 (a failed job: its rank's code)."""
     rank = os.environ.get("RANK")
     who = (
         f"paratrain (rank {rank})"
@@ -32,7 +33,7 @@ def report(err: ParatrainError) -> NoReturn:
     )
     text = textwrap.fill(f"{who}: error: {err}", width=100, break_on_hyphens=False)
     print(text, file=sys.stderr, flush=True)
-    raise SystemExit(USER_ERROR_EXIT)
+    raise SystemExit(err.exit_code if isinstance(err, JobFailedError) else USER_ERROR_EXIT)
 
 
 def exit_on_user_error(fn: Callable[[], T]) -> T:

@@ -38,16 +38,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from paratrain.distributed.ports import free_port
+from paratrain.errors import PEER_LOST
 
 POLL_S = 0.2
 """How often the parent checks for a rank that died without a word."""
-SECONDARY_ERRORS = (
-    "Connection closed by peer",
-    "Connection reset",
-    "remote worker",
-    "Broken pipe",
-    "Socket Timeout",
-)
+SECONDARY_ERRORS = PEER_LOST
 """Error texts of a rank that failed because a peer went away, not on its own."""
 
 

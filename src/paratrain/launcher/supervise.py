@@ -19,6 +19,8 @@ import subprocess
 import sys
 import threading
 
+from paratrain.launcher.rank_output import RankTracebacks
+
 STOPPED = {signal.SIGINT: ("interrupted", 130), signal.SIGTERM: ("terminated", 143)}
 """What ``paratrain run`` says and returns when a signal stopped it (128 + the signal)."""
 FORWARD_AFTER_S = 1.0
@@ -58,11 +60,15 @@ class _Forwarder:
             self.child_reacted.set()
 
 
-def supervise(argv: list[str], env: dict[str, str]) -> tuple[int, signal.Signals | None, str]:
+def supervise(
+    argv: list[str], env: dict[str, str], *, tracebacks: RankTracebacks | None = None
+) -> tuple[int, signal.Signals | None, str]:
     """Run ``argv``; return its exit code, the signal that stopped us (or None), its stderr tail.
 
-    The tail is the last 200 lines, where torchrun's failure report is.
+    The tail is the last 200 lines, where torchrun's failure report is. With ``tracebacks``, the
+    ranks' tracebacks are shown through it (the failing rank's first) and collected there.
     """
+    shown_by = tracebacks or _Unchanged()
     forwarder = _Forwarder()
     on_main = threading.current_thread() is threading.main_thread()
     previous = {sig: signal.signal(sig, forwarder.handle) for sig in STOPPED} if on_main else {}
@@ -77,11 +83,15 @@ def supervise(argv: list[str], env: dict[str, str]) -> tuple[int, signal.Signals
         noise = AgentNoise()
         assert proc.stderr is not None
         for line in proc.stderr:
-            for shown in noise.feed(line):
-                sys.stderr.write(shown)
+            for kept in noise.feed(line):
+                for shown in shown_by.feed(kept):
+                    sys.stderr.write(shown)
             captured.append(line)
             forwarder.watch(line)
-        for shown in noise.flush():
+        for kept in noise.flush():
+            for shown in shown_by.feed(kept):
+                sys.stderr.write(shown)
+        for shown in shown_by.flush():
             sys.stderr.write(shown)
         code = proc.wait()
     finally:
@@ -89,6 +99,16 @@ def supervise(argv: list[str], env: dict[str, str]) -> tuple[int, signal.Signals
             signal.signal(sig, handler)
     stopped_by = forwarder.received[0] if forwarder.received else None
     return code, stopped_by, "".join(captured)
+
+
+class _Unchanged:
+    """The filter that shows every line as it is."""
+
+    def feed(self, line: str) -> list[str]:
+        return [line]
+
+    def flush(self) -> list[str]:
+        return []
 
 
 class AgentNoise:

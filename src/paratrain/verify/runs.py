@@ -25,7 +25,7 @@ from typing import Any
 
 from paratrain.distributed.environment import FINAL_STATE_VAR, KILL_VAR, TRACE_VAR, read_report
 from paratrain.faults import KillPoint
-from paratrain.launcher.command import failure_summary
+from paratrain.launcher.failure import failure_summary
 from paratrain.launcher.plan import LaunchPlan, RunOptions, make_plan
 from paratrain.launcher.supervise import AgentNoise
 
