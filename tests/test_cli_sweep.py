@@ -143,7 +143,7 @@ def _run(argv: list[str]) -> tuple[str, str]:
     patches = [
         mock.patch("paratrain.launcher.command.supervise", _reach),
         mock.patch("paratrain.demo.command.subprocess.run", _reach),
-        mock.patch("paratrain.bench.command.run_plan", _reach),
+        mock.patch("paratrain.bench.session.run_plan", _reach),
         mock.patch("paratrain.verify.runner.launch", _reach),
         mock.patch("paratrain.doctor.measure.measure_all", _reach),
         # serve: its command would replace this process and its servers would run until a

@@ -1,8 +1,8 @@
 """The ``paratrain`` command line: one module per subcommand, errors as one paragraph.
 
-paratrain doctor                  # check this machine (works even when torch is broken)
 paratrain run --nproc 2 train.py  # launch through torchrun (Slurm-aware), restarts resume
 paratrain demo                    # the embedded default job
+paratrain doctor                  # check this machine (works even when torch is broken)
 paratrain ckpt inspect PATH       # understand, verify, convert, diff checkpoints
 paratrain bench                   # throughput / memory / scaling vs a hand-written loop
 paratrain monitor RUN_DIR         # live per-GPU and per-rank view of a running job
@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import re
 import sys
 from typing import Any
 
@@ -24,14 +26,19 @@ from paratrain.errors import EnvironmentMismatchError
 from paratrain.launcher.arguments import VALUED_OPTIONS, split_target
 from paratrain.version import __version__
 
-# Commands whose modules import torch; `doctor` must not depend on them importing.
-COMMANDS = {
-    "demo": "paratrain.demo.command",
-    "ckpt": "paratrain.checkpoint.command",
-    "bench": "paratrain.bench.command",
-    "run": "paratrain.launcher.command",
-    "verify-resume": "paratrain.verify.command",
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("paratrain.launcher.command", "launch a training script on N ranks (torchrun, Slurm)"),
+    "demo": ("paratrain.demo.command", "train the embedded demo job on N ranks, resume it, report"),
+    "doctor": ("paratrain.doctor.command", "check this machine and say how to fix problems"),
+    "check": ("paratrain.check.command", "find multi-GPU mistakes in training scripts (static)"),
+    "verify-resume": ("paratrain.verify.command", "prove a script restart-safe: kill it, compare"),
+    "ckpt": ("paratrain.checkpoint.command", "inspect, verify, convert and diff checkpoints"),
+    "monitor": ("paratrain.monitor.command", "live per-GPU and per-rank view of a running job"),
+    "bench": ("paratrain.bench.command", "throughput, memory and scaling vs hand-written torch"),
+    "serve": ("paratrain.serve.command", "the container entrypoint: Jupyter and SSH, or a command"),
 }
+"""Every subcommand, in the order a new user needs them: its module (whose ``add_parser``
+registers it without importing torch) and its one-line summary for ``paratrain --help``."""
 
 
 def _unavailable(name: str, err: BaseException) -> Any:
@@ -45,38 +52,51 @@ def _unavailable(name: str, err: BaseException) -> Any:
     return handler
 
 
-LIGHT = ("check", "doctor", "monitor", "serve")
-"""Commands that do not import torch: run alone, they start without loading the others."""
-
-
-def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The top-level parser with every subcommand registered (or just ``only``, one of
-    :data:`LIGHT`, so that ``paratrain check`` does not pay for importing torch)."""
-    from paratrain.check.command import add_parser as add_check
-    from paratrain.doctor.command import add_parser as add_doctor
-    from paratrain.monitor.command import add_parser as add_monitor
-    from paratrain.serve.command import add_parser as add_serve
-
+def build_parser(only: str | None = None, *, summaries: bool = False) -> argparse.ArgumentParser:
+    """The top-level parser with every subcommand registered in full; with ``only``, that one in
+    full and the others by their summary; with ``summaries``, all by their summary (what
+    ``paratrain --help`` shows, without importing any command)."""
     parser = argparse.ArgumentParser(
         prog="paratrain",
         description="PyTorch training on one or many GPUs, correct by default.",
+        formatter_class=lambda prog: argparse.HelpFormatter(prog, max_help_position=32),
+        epilog="Run `paratrain COMMAND --help` for a command's flags.",
     )
     parser.add_argument("--version", action="version", version=f"paratrain {__version__}")
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
-    light = {"doctor": add_doctor, "monitor": add_monitor, "serve": add_serve, "check": add_check}
-    for name, add in light.items():
-        if only is None or name == only:
-            add(subparsers)
-    if only in light:
-        return parser
-    for name, module in COMMANDS.items():
+    for name, (module, summary) in COMMANDS.items():
+        if summaries or (only is not None and name != only):
+            subparsers.add_parser(name, help=summary, add_help=False)
+            continue
         try:
             importlib.import_module(module).add_parser(subparsers)
         except Exception as err:  # a broken torch install: say so when the command is used
             stub = subparsers.add_parser(name, help=f"(unavailable: {type(err).__name__})")
             stub.add_argument("args", nargs=argparse.REMAINDER)
             stub.set_defaults(handler=_unavailable(name, err))
+    for choice in subparsers._choices_actions:  # one summary per command, wherever it is shown
+        if not str(choice.help).startswith("(unavailable"):
+            choice.help = COMMANDS[choice.dest][1]
+    for action in _actions(parser):
+        action.help = plain(action.help) if isinstance(action.help, str) else action.help
+    for sub in _parsers(parser):
+        sub.description = plain(sub.description) if sub.description else sub.description
     return parser
+
+
+def plain(text: str) -> str:
+    """Docstring markup as plain terminal text: ````x```` and ``:class:`x``` become ``x``."""
+    text = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", text)
+    return text.replace("``", "`")
+
+
+def _parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    found = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found += _parsers(sub)
+    return found
 
 
 def _actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
@@ -117,7 +137,22 @@ def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespac
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen command; return its exit code."""
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser(argv[0] if argv and argv[0] in LIGHT else None)
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # a closed pipe shows here, inside the try, not at exit
+    except BrokenPipeError:  # `paratrain check --json | head`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return PIPE_CLOSED
+    return code
+
+
+PIPE_CLOSED = 128 + 13
+"""The exit code when the reader of stdout went away (128 + SIGPIPE, as a shell reports it)."""
+
+
+def _main(argv: list[str]) -> int:
+    command = argv[0] if argv and argv[0] in COMMANDS else None
+    parser = build_parser(command, summaries=command is None)
     args = parse(parser, argv)
     handler = getattr(args, "handler", None)
     if handler is None:

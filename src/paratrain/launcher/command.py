@@ -44,18 +44,41 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         description=__doc__.split("\n")[0],
     )
     p.add_argument("--nproc", default="auto", help="ranks per node, or auto (= visible GPUs)")
-    p.add_argument("--nnodes", type=positive_int, default=None)
-    p.add_argument("--node-rank", type=non_negative_int, default=None)
+    p.add_argument(
+        "--nnodes",
+        type=positive_int,
+        default=None,
+        help="machines in the job (default 1, or Slurm's)",
+    )
+    p.add_argument(
+        "--node-rank",
+        type=non_negative_int,
+        default=None,
+        help="this machine's index, 0 to nnodes-1 (default 0, or Slurm's)",
+    )
     p.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of node 0's rendezvous")
-    p.add_argument("--rdzv-id", default=None)
-    p.add_argument("--max-restarts", type=non_negative_int, default=0)
+    p.add_argument(
+        "--rdzv-id", default=None, help="job id shared by every node (default: SLURM_JOB_ID when set)"
+    )
+    p.add_argument(
+        "--max-restarts",
+        type=non_negative_int,
+        default=0,
+        help="restart the ranks up to K times after a failure; each restart resumes from the "
+        "newest checkpoint (default 0)",
+    )
     p.add_argument(
         "--run-dir",
         type=Path,
         default=None,
         help="the run dir of every rank (default: the script's run_dir=, else runs/paratrain)",
     )
-    p.add_argument("--backend", choices=("nccl", "gloo"), default=None)
+    p.add_argument(
+        "--backend",
+        choices=("nccl", "gloo"),
+        default=None,
+        help="process-group backend (default: nccl with GPUs, else gloo)",
+    )
     p.add_argument(
         "--torchrun-arg",
         action="append",
