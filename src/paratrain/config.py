@@ -43,6 +43,8 @@ STRATEGY_NAMES = ("cpu", "single", "dp", "ddp", "fsdp", "tp", "pipeline")
 PRECISIONS = ("fp32", "bf16", "fp16")
 ACCELERATORS = ("auto", "cpu", "cuda")
 BACKENDS = ("nccl", "gloo")
+PREVIOUS_RUN = ("refuse", "resume", "fresh")
+"""What a run that did not resume does with another run's checkpoints (``previous_run``)."""
 COMM_HOOKS = ("fp16", "bf16", "powersgd")
 PIPELINE_SCHEDULES = ("1f1b", "gpipe", "interleaved_1f1b")
 
@@ -90,6 +92,11 @@ class RunConfig:
     """Keep this many newest checkpoints (the newest valid one is never deleted); None keeps all."""
     async_save: bool = False
     """Write checkpoints in the background; training stalls only for the copy to host memory."""
+    previous_run: str = "refuse"
+    """What a run that did not resume does with another run's checkpoints in its ``ckpt_dir``:
+    ``'refuse'`` (stop before the first step, naming both runs), ``'resume'`` (continue from
+    them, as after a restart) or ``'fresh'`` (move them aside to ``<ckpt_dir>.<their run id>``
+    and start at step 0). ``paratrain run --resume`` / ``--fresh`` set it for every rank."""
     stats_every: int | None = 10
     """Write per-rank stats (run_dir/stats/rank<r>.jsonl) every this many steps; None: never."""
     tensorboard: bool = False
@@ -372,6 +379,7 @@ _RULES: dict[str, Rule] = {
     "ckpt_storage_options": Rule(_storage_options, "dict of fsspec options, None"),
     "keep_last": _whole(low=1, optional=True, hint="None keeps every checkpoint"),
     "async_save": FLAG,
+    "previous_run": _choice(PREVIOUS_RUN),
     "stats_every": _whole(low=1, optional=True, hint="None writes no stats"),
     "tensorboard": FLAG,
     "log_to": Rule(check_log_to, "`tensorboard`, `mlflow`, `wandb`, a list of them, None"),

@@ -13,6 +13,9 @@ What a launcher passes to the script's :class:`paratrain.Run`:
 ``PARATRAIN_REPORT``       a file the main process writes the resolved run dir into (JSON),
                            so ``paratrain run`` can point at stacks and checkpoints of a
                            script that chose its own run dir.
+``PARATRAIN_PREVIOUS_RUN`` ``paratrain run --resume`` / ``--fresh``: ``resume`` or ``fresh``,
+                           the ``previous_run`` setting of every rank (it wins over the
+                           script's).
 ``TORCHELASTIC_*``         torchrun: the restart attempt and the job id (``--rdzv-id``).
 ``SLURM_JOB_ID``           the job id when torchrun has none.
 =========================  ==============================================================
@@ -48,6 +51,7 @@ DEFAULT_RUN_DIR = "runs/paratrain"
 RUN_DIR_VAR = "PARATRAIN_RUN_DIR"
 BACKEND_VAR = "PARATRAIN_BACKEND"
 REPORT_VAR = "PARATRAIN_REPORT"
+PREVIOUS_RUN_VAR = "PARATRAIN_PREVIOUS_RUN"
 TRACE_VAR = "PARATRAIN_TRACE"
 KILL_VAR = "PARATRAIN_KILL"
 FINAL_STATE_VAR = "PARATRAIN_FINAL_STATE"
@@ -74,6 +78,9 @@ class LaunchEnv:
     """``PARATRAIN_KILL``: the event at which one rank SIGKILLs itself (first attempt only)."""
     final_state: str | None = None
     """``PARATRAIN_FINAL_STATE``: the folder each rank writes its final state to."""
+    previous_run: str | None = None
+    """``PARATRAIN_PREVIOUS_RUN``: ``resume`` or ``fresh`` from ``paratrain run --resume`` /
+    ``--fresh``; None: the script's ``previous_run`` setting holds."""
 
     @classmethod
     def read(cls, env: Mapping[str, str] | None = None) -> LaunchEnv:
@@ -99,6 +106,7 @@ class LaunchEnv:
             trace=env.get(TRACE_VAR) or None,
             kill=KillPoint.parse(env[KILL_VAR], KILL_VAR) if env.get(KILL_VAR) else None,
             final_state=env.get(FINAL_STATE_VAR) or None,
+            previous_run=_previous_run(env.get(PREVIOUS_RUN_VAR) or None),
         )
 
     def resolve_run_dir(self, passed: str | Path | None) -> Path:
@@ -140,3 +148,12 @@ def read_report(path: Path) -> dict[str, object] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def _previous_run(value: str | None) -> str | None:
+    if value not in (None, "resume", "fresh"):
+        raise ConfigError(
+            f"{PREVIOUS_RUN_VAR}={value!r} is not resume or fresh. Unset it; `paratrain run "
+            "--resume` or `--fresh` sets it."
+        )
+    return value

@@ -58,7 +58,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     p.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of node 0's rendezvous")
     p.add_argument(
-        "--rdzv-id", default=None, help="job id shared by every node (default: SLURM_JOB_ID when set)"
+        "--rdzv-id",
+        default=None,
+        help="job id shared by every node (default: SLURM_JOB_ID when set)",
     )
     p.add_argument(
         "--max-restarts",
@@ -78,6 +80,23 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         choices=("nccl", "gloo"),
         default=None,
         help="process-group backend (default: nccl with GPUs, else gloo)",
+    )
+    previous = p.add_mutually_exclusive_group()
+    previous.add_argument(
+        "--resume",
+        action="store_const",
+        const="resume",
+        dest="previous_run",
+        help="continue from the newest checkpoint in the run dir, even one of another run "
+        "(sets previous_run='resume' on every rank)",
+    )
+    previous.add_argument(
+        "--fresh",
+        action="store_const",
+        const="fresh",
+        dest="previous_run",
+        help="start at step 0; another run's checkpoints are moved aside, not mixed with "
+        "this run's (sets previous_run='fresh' on every rank)",
     )
     p.add_argument(
         "--torchrun-arg",
@@ -113,6 +132,7 @@ def run_command(args: argparse.Namespace) -> int:
             max_restarts=args.max_restarts,
             run_dir=args.run_dir,
             backend=args.backend,
+            previous_run=args.previous_run,
             torchrun_args=args.torchrun_args,
             report=report,
         )

@@ -19,7 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn
 
-from paratrain.distributed.environment import BACKEND_VAR, REPORT_VAR, RUN_DIR_VAR
+from paratrain.distributed.environment import (
+    BACKEND_VAR,
+    PREVIOUS_RUN_VAR,
+    REPORT_VAR,
+    RUN_DIR_VAR,
+)
 from paratrain.distributed.ports import free_port, port_is_free
 from paratrain.distributed.topology import env_int, first_host, slurm_rendezvous_port
 from paratrain.errors import ConfigError, EnvironmentMismatchError
@@ -45,6 +50,8 @@ class RunOptions:
     run_dir: Path | None = None
     """``--run-dir``; None leaves the choice to the script (its ``run_dir=`` or the default)."""
     backend: str | None = None
+    previous_run: str | None = None
+    """``--resume`` / ``--fresh``: what every rank does with another run's checkpoints."""
     torchrun_args: list[str] = field(default_factory=list)
     report: Path | None = None
     """A file the script's main process writes its resolved run dir into (``PARATRAIN_REPORT``)."""
@@ -294,6 +301,8 @@ def _run_env(options: RunOptions, env: Mapping[str, str]) -> dict[str, str]:
         run_env[BACKEND_VAR] = options.backend
     if options.report is not None:
         run_env[REPORT_VAR] = str(options.report)
+    if options.previous_run is not None:
+        run_env[PREVIOUS_RUN_VAR] = options.previous_run
     return run_env
 
 

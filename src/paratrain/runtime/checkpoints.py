@@ -65,7 +65,12 @@ class RunCheckpoints:
         self.resumed_from: Path | None = None
         self.identity = checkpoints.Identity(run_id=_run_id(parts), lineage="")
         self.identity.lineage = self.identity.run_id
-        self.auto_resume = parts.env.restart_count > 0
+        self.previous_run = parts.env.previous_run or parts.config.previous_run
+        """``previous_run``: the launcher's ``--resume``/``--fresh``, else the setting."""
+        self.auto_resume = parts.env.restart_count > 0 or self.previous_run == "resume"
+        self._resume_asked = False
+        """Whether a resume ran (asked by the script or after a restart): the run continues
+        whatever the folder holds, so :meth:`check_previous_run` has nothing to refuse."""
         self.saved_global_batch: tuple[int | None, bool] | None = None
         """(global batch, keep) of a resume that came before the first training loader."""
         self._restart_recorded = False
@@ -152,8 +157,9 @@ class RunCheckpoints:
     def resume(self, *, keep_global_batch: bool) -> checkpoints.Resumed | None:
         """Restore the newest valid checkpoint into the registered pieces (collective)."""
         p = self.parts
-        restarted = self.auto_resume or p.env.restart_count > 0
+        restarted = p.env.restart_count > 0
         self.auto_resume = False
+        self._resume_asked = True
         resumed = checkpoints.resume(
             self._pieces(),
             self.store,
@@ -171,6 +177,52 @@ class RunCheckpoints:
             self._restart_recorded = True
             self._record_restart(resumed is not None)
         return resumed
+
+    def check_previous_run(self) -> None:
+        """At the first training action of a run that did not resume: another run's
+        checkpoints in ``ckpt_dir`` are refused (``previous_run='refuse'``) or moved aside
+        (``'fresh'``), never mixed with this run's (collective, once)."""
+        if self._resume_asked or self.auto_resume:
+            return
+        self._resume_asked = True  # checked once
+        other = checkpoints.other_run(self.store, self.identity, self.parts.rank)
+        if other is None:
+            return
+        aside = f"{self.store.location}.{other.run_id}"
+        if self.previous_run == "fresh":
+            self._set_aside(Path(aside), other)
+            return
+        raise ConfigError(
+            f"ckpt_dir {self.store.location} holds {other.count} checkpoint(s) of run "
+            f"{other.run_id} (newest at step {other.newest_step}), and this run "
+            f"({self.identity.run_id}) did not resume from them: training on would mix two "
+            "runs' checkpoints, and a later resume could pick either. To continue run "
+            f"{other.run_id}, call run.resume() before training, or launch with `paratrain run "
+            "--resume` (Run(previous_run='resume')). To start over, launch with `paratrain run "
+            f"--fresh` (Run(previous_run='fresh')), which moves them to {aside}; or give this "
+            "run another run_dir or ckpt_dir."
+        )
+
+    def _set_aside(self, aside: Path, other: checkpoints.OtherRun) -> None:
+        p = self.parts
+        if isinstance(self.store, RemoteStore):
+            raise ConfigError(
+                f"previous_run='fresh' cannot move the checkpoints of run {other.run_id} on "
+                f"object storage ({self.store.location}). Give this run another ckpt_dir, or "
+                "delete them with your storage's tools."
+            )
+        if p.rank == 0:
+            target, n = aside, 1
+            while target.exists():
+                n += 1
+                target = aside.with_name(f"{aside.name}-{n}")
+            self.store.directory.rename(target)
+            p.console.print(
+                f"paratrain: previous_run='fresh': the {other.count} checkpoint(s) of run "
+                f"{other.run_id} were moved to {target}; starting at step 0"
+            )
+        if p.world_size > 1 and dist.is_initialized():
+            dist.barrier()  # no rank saves into the folder before it has moved
 
     def latest(self) -> checkpoints.CheckpointInfo | None:
         """The newest valid checkpoint's manifest and extras (collective)."""

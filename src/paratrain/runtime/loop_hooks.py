@@ -114,9 +114,12 @@ class LoopHooks:
 
     # -- the loop runs ----------------------------------------------------------------------
     def loop_action(self) -> None:
-        """Called by every training action: resume after a restart, once; start the profiler's
-        step count (``Run(profile=...)``), once."""
+        """Called by every training action: resume after a restart, once; refuse another
+        run's checkpoints when this run did not resume (``previous_run``), once; start the
+        profiler's step count (``Run(profile=...)``), once."""
         self.resume_if_restarted()
+        if self.run.tracked.units:
+            self.run.checkpoints.check_previous_run()
         profiler = self.run.profiler()
         if profiler is not None and not profiler.running and not profiler.done:
             profiler.start(self.run.loop.global_step)

@@ -396,6 +396,32 @@ def latest(store: CheckpointStore, rank: int) -> CheckpointInfo | None:
     return None if agreed is None else CheckpointInfo(*agreed)
 
 
+@dataclass(frozen=True)
+class OtherRun:
+    """Checkpoints in the store written by another run (lineage) than the one asking."""
+
+    run_id: str
+    newest_step: int
+    count: int
+
+
+def other_run(store: CheckpointStore, identity: Identity, rank: int) -> OtherRun | None:
+    """The run whose checkpoints ``store`` holds when it is not ``identity``'s lineage, newest
+    first (collective: rank 0 lists the manifests, every rank gets the answer)."""
+    found = None
+    if rank == 0:
+        others = [
+            manifest
+            for _, manifest in store.candidates()
+            if (manifest.lineage or manifest.run_id) != identity.lineage
+        ]
+        if others:
+            newest = others[0]
+            found = (newest.lineage or newest.run_id or "(unnamed)", newest.step, len(others))
+    agreed = _from_rank0(found)
+    return None if agreed is None else OtherRun(*agreed)
+
+
 def _newest_intact(
     store: CheckpointStore, warn: Callable[[str], None]
 ) -> Iterator[tuple[Staged, Manifest]]:

@@ -1,0 +1,92 @@
+"""A run dir that holds another run's checkpoints: refused, resumed or set aside, never mixed.
+
+Each ``pt.Run`` in one process is a new job with an id of its own (``job-<hex>``), as two
+``python train.py`` invocations are.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import paratrain as pt
+from paratrain.errors import ConfigError
+from paratrain.launcher.plan import RunOptions, make_plan
+
+
+def _train(run_dir: Path, *, steps: int, resume: bool = False, **settings: object) -> pt.Run:
+    run = pt.Run(run_dir=run_dir, progress=False, stats_every=None, **settings)
+    net = torch.nn.Linear(4, 2)
+    model, opt = run.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
+    if resume:
+        run.resume()
+    for _ in range(steps):
+        run.backward(model(torch.ones(8, 4)).sum())
+        run.step(opt)
+        run.save()
+    run.close()
+    return run
+
+
+def _saved(run_dir: Path) -> list[str]:
+    return sorted(p.name for p in (run_dir / "checkpoints").glob("step-*"))
+
+
+def test_a_run_that_did_not_resume_is_refused_and_nothing_is_lost(tmp_path: Path) -> None:
+    first = _train(tmp_path, steps=2)
+    before = _saved(tmp_path)
+    with pytest.raises(ConfigError) as err:
+        _train(tmp_path, steps=2)
+    text = str(err.value)
+    assert f"of run {first._checkpoints.identity.run_id} (newest at step 2)" in text
+    assert "this run (job-" in text and "paratrain run --resume" in text and "--fresh" in text
+    assert _saved(tmp_path) == before  # refused before its first step: nothing written
+
+
+def test_resume_called_or_asked_for_continues_the_other_run(tmp_path: Path) -> None:
+    _train(tmp_path, steps=2)
+    assert _train(tmp_path, steps=1, resume=True).global_step == 3
+    assert _train(tmp_path, steps=1, previous_run="resume").global_step == 4
+
+
+def test_fresh_moves_the_other_runs_checkpoints_aside(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = _train(tmp_path, steps=2)
+    old = first._checkpoints.identity.run_id
+    monkeypatch.setenv("PARATRAIN_PREVIOUS_RUN", "fresh")  # what `paratrain run --fresh` sets
+    second = _train(tmp_path, steps=1)
+    assert second.global_step == 1 and _saved(tmp_path) == ["step-00000001"]
+    aside = tmp_path / f"checkpoints.{old}"
+    assert sorted(p.name for p in aside.glob("step-*")) == ["step-00000001", "step-00000002"]
+
+
+def test_an_empty_or_own_folder_is_not_refused(tmp_path: Path) -> None:
+    run = pt.Run(run_dir=tmp_path, progress=False, stats_every=None)
+    net = torch.nn.Linear(4, 2)
+    model, opt = run.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
+    for _ in range(3):  # its own saves between steps are its own lineage
+        run.backward(model(torch.ones(8, 4)).sum())
+        run.step(opt)
+        run.save()
+    run.close()
+    assert len(_saved(tmp_path)) == 3
+
+
+def test_bad_values_are_named() -> None:
+    with pytest.raises(ConfigError, match="previous_run"):
+        pt.RunConfig(previous_run="keep")
+    with pytest.raises(ConfigError, match="PARATRAIN_PREVIOUS_RUN='keep'"):
+        from paratrain.distributed.environment import LaunchEnv
+
+        LaunchEnv.read({"PARATRAIN_PREVIOUS_RUN": "keep"})
+
+
+@pytest.mark.parametrize("flag", ["resume", "fresh"])
+def test_the_launcher_flag_reaches_every_rank(tmp_path: Path, flag: str) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    plan = make_plan(RunOptions(target=[str(script)], nproc="2", previous_run=flag), env={}, gpus=0)
+    assert plan.env["PARATRAIN_PREVIOUS_RUN"] == flag
