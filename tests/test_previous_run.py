@@ -75,6 +75,18 @@ def test_an_empty_or_own_folder_is_not_refused(tmp_path: Path) -> None:
     assert len(_saved(tmp_path)) == 3
 
 
+def test_share_writes_beside_the_other_run_on_purpose(tmp_path: Path) -> None:
+    _train(tmp_path, steps=2)
+    assert _train(tmp_path, steps=3, previous_run="share").global_step == 3
+    assert _saved(tmp_path) == [  # the second run's saves at steps 1 and 2 sit beside the first's
+        "step-00000001",
+        "step-00000001.1",
+        "step-00000002",
+        "step-00000002.1",
+        "step-00000003",
+    ]
+
+
 def test_bad_values_are_named() -> None:
     with pytest.raises(ConfigError, match="previous_run"):
         pt.RunConfig(previous_run="keep")

@@ -43,7 +43,7 @@ STRATEGY_NAMES = ("cpu", "single", "dp", "ddp", "fsdp", "tp", "pipeline")
 PRECISIONS = ("fp32", "bf16", "fp16")
 ACCELERATORS = ("auto", "cpu", "cuda")
 BACKENDS = ("nccl", "gloo")
-PREVIOUS_RUN = ("refuse", "resume", "fresh")
+PREVIOUS_RUN = ("refuse", "resume", "fresh", "share")
 """What a run that did not resume does with another run's checkpoints (``previous_run``)."""
 COMM_HOOKS = ("fp16", "bf16", "powersgd")
 PIPELINE_SCHEDULES = ("1f1b", "gpipe", "interleaved_1f1b")
@@ -95,8 +95,10 @@ class RunConfig:
     previous_run: str = "refuse"
     """What a run that did not resume does with another run's checkpoints in its ``ckpt_dir``:
     ``'refuse'`` (stop before the first step, naming both runs), ``'resume'`` (continue from
-    them, as after a restart) or ``'fresh'`` (move them aside to ``<ckpt_dir>.<their run id>``
-    and start at step 0). ``paratrain run --resume`` / ``--fresh`` set it for every rank."""
+    them, as after a restart), ``'fresh'`` (move them aside to ``<ckpt_dir>.<their run id>``
+    and start at step 0) or ``'share'`` (write beside them on purpose: rotation deletes only
+    this run's own, and a resume takes the newest save of any run). ``paratrain run --resume``
+    / ``--fresh`` set it for every rank."""
     stats_every: int | None = 10
     """Write per-rank stats (run_dir/stats/rank<r>.jsonl) every this many steps; None: never."""
     tensorboard: bool = False

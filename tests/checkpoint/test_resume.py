@@ -67,7 +67,7 @@ def test_corrupt_newest_is_skipped_with_a_warning(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     train_run(tmp_path, stop_at=4, keep_last=None)
-    train_run(tmp_path, stop_at=8, keep_last=None)
+    train_run(tmp_path, stop_at=8, keep_last=None, previous_run="share")
     newest = tmp_path / "step-00000008" / "model.safetensors"
     data = bytearray(newest.read_bytes())
     data[-3] ^= 0x10  # one flipped bit in a weight
@@ -92,8 +92,9 @@ def test_rotation_keeps_the_newest_of_its_own_lineage(tmp_path: Path) -> None:
 def test_a_fresh_run_never_deletes_another_runs_checkpoints(tmp_path: Path) -> None:
     # Another experiment left higher steps in the (shared) directory; keep_last=1.
     train_run(tmp_path, stop_at=8, keep_last=1)
-    train_run(tmp_path, stop_at=2, keep_last=1)  # a fresh run: its step 2 must survive
-    train_run(tmp_path, stop_at=3, keep_last=1)  # a third fresh run
+    share = {"keep_last": 1, "previous_run": "share"}  # a shared folder, on purpose
+    train_run(tmp_path, stop_at=2, **share)  # a fresh run: its step 2 must survive
+    train_run(tmp_path, stop_at=3, **share)  # a third fresh run
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == ["step-00000002", "step-00000003", "step-00000008"]
     with pt.Run(strategy="cpu", ckpt_dir=tmp_path, progress=False) as run:
@@ -119,7 +120,7 @@ def test_two_multi_node_jobs_in_one_checkpoint_dir_rotate_only_their_own(
         monkeypatch.setenv("TORCHELASTIC_RUN_ID", rdzv[0])  # what torchrun gives the ranks
         with pt.Run(
             strategy="cpu", progress=False, ckpt_dir=shared, run_dir=tmp_path / job,
-            keep_last=keep_last,
+            keep_last=keep_last, previous_run="share",
         ) as run:  # fmt: skip
             net = mlp()
             model, opt = run.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))

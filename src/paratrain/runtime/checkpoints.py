@@ -182,7 +182,7 @@ class RunCheckpoints:
         """At the first training action of a run that did not resume: another run's
         checkpoints in ``ckpt_dir`` are refused (``previous_run='refuse'``) or moved aside
         (``'fresh'``), never mixed with this run's (collective, once)."""
-        if self._resume_asked or self.auto_resume:
+        if self._resume_asked or self.auto_resume or self.previous_run == "share":
             return
         self._resume_asked = True  # checked once
         other = checkpoints.other_run(self.store, self.identity, self.parts.rank)
@@ -200,7 +200,8 @@ class RunCheckpoints:
             f"{other.run_id}, call run.resume() before training, or launch with `paratrain run "
             "--resume` (Run(previous_run='resume')). To start over, launch with `paratrain run "
             f"--fresh` (Run(previous_run='fresh')), which moves them to {aside}; or give this "
-            "run another run_dir or ckpt_dir."
+            "run another run_dir or ckpt_dir (Run(previous_run='share') writes beside them "
+            "on purpose)."
         )
 
     def _set_aside(self, aside: Path, other: checkpoints.OtherRun) -> None:
