@@ -324,6 +324,9 @@ def test_iterable_dataset_on_several_ranks_is_split_with_a_note() -> None:
         def on_batch(self) -> None:
             pass
 
+        def safe_point(self) -> None:
+            pass
+
         def warn(self, message: str) -> None:
             warnings.append(message)
 

@@ -99,6 +99,13 @@ class RunConfig:
     and start at step 0) or ``'share'`` (write beside them on purpose: rotation deletes only
     this run's own, and a resume takes the newest save of any run). ``paratrain run --resume``
     / ``--fresh`` set it for every rank."""
+    preempt_signals: tuple[str, ...] | None = ("SIGTERM", "SIGUSR1", "SIGUSR2")
+    """Signals that mean "save and stop": at the next safe point every rank saves a checkpoint
+    and the process exits with 75 (preempted, resumable); a second signal stops at once. Names
+    of ``signal.Signals``; None or ``()`` leaves every signal alone."""
+    preempt_grace_s: float = 25.0
+    """Seconds from the preemption signal within which the save must be done; past them it is
+    abandoned (the previous checkpoint stays the newest) and the process exits all the same."""
     stats_every: int | None = 10
     """Write per-rank stats (run_dir/stats/rank<r>.jsonl) every this many steps; None: never."""
     tensorboard: bool = False
@@ -235,6 +242,27 @@ def _one_of(name: str, value: object, allowed: tuple[str, ...]) -> None:
             f"Unknown {name} {value!r}. Available: {', '.join(allowed)}. "
             f"Pass one of them, e.g. {name}={allowed[0]!r}."
         )
+
+
+def _check_signals(name: str, value: object) -> None:
+    import signal
+
+    if value is None:
+        return
+    names = value if isinstance(value, (tuple, list)) else None
+    bad = [
+        v for v in names or [value] if not isinstance(v, str) or v not in signal.Signals.__members__
+    ]
+    if names is None or bad or any(v in ("SIGKILL", "SIGSTOP", "SIGINT") for v in names):
+        raise ConfigError(
+            f"{name} must be None or a tuple of signal names other than SIGKILL, SIGSTOP and "
+            f"SIGINT (which stays Ctrl-C), got {value!r}. Pass e.g. {name}=('SIGTERM', 'SIGUSR1')."
+        )
+
+
+def _check_grace(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e9:
+        raise ConfigError(f"{name} must be a number of seconds > 0, got {value!r}. Pass e.g. 25.")
 
 
 @dataclass(frozen=True)
@@ -382,6 +410,8 @@ _RULES: dict[str, Rule] = {
     "keep_last": _whole(low=1, optional=True, hint="None keeps every checkpoint"),
     "async_save": FLAG,
     "previous_run": _choice(PREVIOUS_RUN),
+    "preempt_signals": Rule(_check_signals, "None, or a tuple of signal names (`'SIGTERM'`, ...)"),
+    "preempt_grace_s": Rule(_check_grace, "a number of seconds > 0"),
     "stats_every": _whole(low=1, optional=True, hint="None writes no stats"),
     "tensorboard": FLAG,
     "log_to": Rule(check_log_to, "`tensorboard`, `mlflow`, `wandb`, a list of them, None"),

@@ -85,3 +85,10 @@ def test_the_message_names_what_the_rank_raised_and_advises_by_cause() -> None:
     assert "a restart would raise it again" in text and "--max-restarts" not in text
     killed = failure_message(1, REPORT.replace("exitcode  : 1", "exitcode  : -9"), None, 0)
     assert "was killed by SIGKILL" in killed and "--max-restarts K" in killed
+
+
+def test_the_preempted_exit_code_is_the_runtimes() -> None:
+    from paratrain.launcher.failure import PREEMPTED_EXIT
+    from paratrain.runtime.preemption import PREEMPTED_EXIT as RUNTIME
+
+    assert PREEMPTED_EXIT == RUNTIME == 75

@@ -126,7 +126,7 @@ class CheckpointStore:
     def save(self, request: SaveRequest, *, background: bool = False) -> Path | None:
         """Write and commit a checkpoint (collective). Returns its folder (None if skipped)."""
         self.wait()
-        self._check_every_rank_called()
+        self.check_every_rank_called()
         if request.gather is not None:
             request.trainer.update(request.gather())
         rank = dist.get_rank() if distributed() else 0
@@ -207,7 +207,8 @@ class CheckpointStore:
             return type(tree)(self._copy_tree(v, f"{path}/{i}", copies) for i, v in enumerate(tree))
         return tree
 
-    def _check_every_rank_called(self) -> None:
+    def check_every_rank_called(self) -> None:
+        """Refuse a save (or a step before one) that not every rank reached (collective)."""
         if not distributed():
             return
         try:

@@ -101,6 +101,11 @@ class LoaderHooks(Protocol):
         """A batch arrived (progress for the hang watchdog)."""
         ...
 
+    def safe_point(self) -> None:
+        """A training batch is about to be fetched: a checkpoint here resumes exactly (where a
+        preemption signal is turned into a save and an exit)."""
+        ...
+
     def warn(self, message: str) -> None:
         """A warning from the main process."""
         ...
@@ -398,6 +403,8 @@ class DeviceLoader(Generic[T]):
             if self.stream is not None:  # the workers have their copies: a resume is for one pass
                 self.stream.resume_at = None
             while True:
+                if self.train:
+                    self.hooks.safe_point()
                 started = time.perf_counter()
                 batch = next(iterator, _END)
                 if self._firsts is not None and self.stream is not None and self.train:

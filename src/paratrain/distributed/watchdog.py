@@ -35,6 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+STALLED_EXIT = 124
+"""The exit code of a rank the watchdog ended (as ``timeout``'s): it made no progress within
+0.9 x ``timeout_s``. Distinct from 75, a preempted rank that saved."""
+
 Kind = Literal["user", "torch", "paratrain", "library"]
 
 COLLECTIVE_CALLS = frozenset(
@@ -209,7 +213,7 @@ class Watchdog:
             if idle >= self.after_s:
                 self.dump(idle)
                 if self.exit_after_dump:
-                    os._exit(75)  # EX_TEMPFAIL: a restart may help
+                    os._exit(STALLED_EXIT)
                 return
 
     def dump(self, idle: float) -> Path:

@@ -25,8 +25,10 @@ from pathlib import Path
 from paratrain.cli_types import non_negative_int, positive_int
 from paratrain.errors import JobFailedError
 from paratrain.launcher.failure import (
+    PREEMPTED_EXIT,
     exit_status,
     failure_message,
+    preemption_note,
     reported_run_dir,
     root_failure,
 )
@@ -147,6 +149,10 @@ def run_command(args: argparse.Namespace) -> int:
         code, stopped_by, output = supervise(
             plan.argv, {**os.environ, **plan.env}, tracebacks=ranks
         )
+        preempted = preemption_note(report)
+        if preempted is not None:  # the ranks saved and stopped: a signal asked them to
+            print(f"paratrain run: {preempted}", file=sys.stderr, flush=True)
+            return PREEMPTED_EXIT
         if stopped_by is not None:
             print(f"paratrain run: {STOPPED[stopped_by][0]}", file=sys.stderr, flush=True)
             return STOPPED[stopped_by][1]

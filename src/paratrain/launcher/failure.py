@@ -101,6 +101,25 @@ def reported_run_dir(report: Path, *, known: Path | None) -> Path | None:
     return Path(reported) if isinstance(reported, str) else known
 
 
+PREEMPTED_EXIT = 75
+"""The exit code of a preempted job (``paratrain.runtime.preemption.PREEMPTED_EXIT``, which
+this module does not import: it would bring torch into ``paratrain run --help``)."""
+
+
+def preemption_note(report: Path) -> str | None:
+    """'preempted at step N: ...' when the job's ranks saved and stopped on a preemption signal
+    (the main process recorded it in the launcher report), else None."""
+    record = read_report(report) or {}
+    preempted = record.get("preempted")
+    if not isinstance(preempted, dict):
+        return None
+    how = f" by {preempted['signal']}" if preempted.get("signal") else ""
+    return (
+        f"preempted{how} at step {preempted.get('step')}: saved {preempted.get('checkpoint')}. "
+        f"Exiting with {PREEMPTED_EXIT}; run the same command again to resume."
+    )
+
+
 def _short(exception_line: str, limit: int = 200) -> str:
     """``paratrain.errors.CheckpointError: text`` as ``CheckpointError: text``, cut at ``limit``."""
     kind, colon, text = exception_line.partition(":")
@@ -152,6 +171,12 @@ def failure_message(
         )
     else:  # the main process (rank 0), which reports the run dir, runs on node 0
         text += "; node 0's paratrain run names the run dir (or pass --run-dir on every node)"
+    if stalls is not None:
+        return text + (
+            ". A stall from outside (a network or storage hiccup) can be restarted: "
+            "--max-restarts K resumes from the newest checkpoint; a stall in the code (a "
+            "collective on some ranks only) needs the fix its stacks point at."
+        )
     if failed is not None and failed.signal is not None:
         return text + (
             ". A rank killed from outside (out of memory, preemption, a lost node) can be "

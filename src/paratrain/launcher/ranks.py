@@ -149,6 +149,9 @@ def _worker(
     os.environ.update(env)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the parent's "where are you?"
+    # Ctrl-C reaches the whole process group: the parent alone reacts, and asks each rank to
+    # save and stop (SIGTERM), so no rank dies in the middle of a step.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         if threads is not None:
             import torch
@@ -165,9 +168,14 @@ def _worker(
                 f"the caller ({err}); return plain data (numbers, strings, tensors, dicts)"
             ) from None
         out.put((rank, True, *encoded))
+    except SystemExit as end:  # e.g. 75 from a preempted pt.Run: the process ends with it
+        out.put((rank, False, "text", f"the rank exited with {end.code}".encode()))
+        _leave_group(group, out)
+        raise
     except BaseException:
         out.put((rank, False, "text", traceback.format_exc().encode()))
-    finally:
+        _leave_group(group, out)
+    else:
         _leave_group(group, out)
 
 
@@ -232,7 +240,10 @@ def spawn_ranks(
             p.start()
         try:
             values, failures, hung = _collect(procs, out, timeout_s, grace_s)
-        except BaseException:  # KeyboardInterrupt in the parent: leave no rank behind
+        except KeyboardInterrupt:  # Ctrl-C, or a notebook's interrupt: save, then stop
+            _preempt(procs)
+            raise
+        except BaseException:  # leave no rank behind
             _stop(procs, patience_s=0.0)
             raise
         _stop(procs, patience_s=0.0 if failures or hung else 10.0)
@@ -332,6 +343,38 @@ def _dump_stacks(procs: list[Any]) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p.pid, signal.SIGUSR1)
     time.sleep(0.5)
+
+
+INTERRUPT_GRACE_S = 30.0
+"""How long an interrupted spawn waits for its ranks to save (their ``preempt_grace_s`` is 25 s
+by default)."""
+
+
+def _preempt(procs: list[Any]) -> None:
+    """Ask the ranks to stop as a scheduler would (SIGTERM: a ``pt.Run`` saves a checkpoint at
+    its next safe point and exits with 75), wait for them, kill what is left. A second
+    interrupt kills them at once."""
+    print(
+        "paratrain: interrupted: each rank saves a checkpoint at its next safe point and stops "
+        "(interrupt again to stop at once)",
+        file=sys.stderr,
+        flush=True,
+    )
+    for p in procs:
+        if p.is_alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGTERM)
+    try:
+        _stop(procs, patience_s=INTERRUPT_GRACE_S)
+    except KeyboardInterrupt:
+        _stop(procs, patience_s=0.0)
+        raise
+    if any(p.exitcode == 75 for p in procs):
+        print(
+            "paratrain: the ranks saved a checkpoint; run the same call again to resume",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _stop(procs: list[Any], *, patience_s: float) -> None:

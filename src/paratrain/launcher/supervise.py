@@ -23,6 +23,9 @@ from paratrain.launcher.rank_output import RankTracebacks
 
 STOPPED = {signal.SIGINT: ("interrupted", 130), signal.SIGTERM: ("terminated", 143)}
 """What ``paratrain run`` says and returns when a signal stopped it (128 + the signal)."""
+TO_RANKS = (signal.SIGUSR1, signal.SIGUSR2)
+"""Signals passed straight to the ranks (torchrun's children): preemption notices, which
+torchrun itself does not handle (it would die of them and leave the ranks behind)."""
 FORWARD_AFTER_S = 1.0
 TORCHRUN_GOT_IT = "death signal"
 """In torchrun's log line "Received SIGINT death signal, shutting down workers"."""
@@ -55,6 +58,18 @@ class _Forwarder:
         with contextlib.suppress(ProcessLookupError):
             child.send_signal(sig)  # torchrun stops its ranks with this signal, then exits
 
+    def to_ranks(self, signum: int, frame: object) -> None:
+        """Pass ``signum`` to every rank of this node (torchrun's direct children)."""
+        import psutil
+
+        child = self.child
+        if child is None or child.poll() is not None:
+            return
+        with contextlib.suppress(psutil.Error):
+            for rank in psutil.Process(child.pid).children():
+                with contextlib.suppress(psutil.Error):
+                    rank.send_signal(signum)
+
     def watch(self, line: str) -> None:
         if TORCHRUN_GOT_IT in line:
             self.child_reacted.set()
@@ -72,6 +87,8 @@ def supervise(
     forwarder = _Forwarder()
     on_main = threading.current_thread() is threading.main_thread()
     previous = {sig: signal.signal(sig, forwarder.handle) for sig in STOPPED} if on_main else {}
+    if on_main:
+        previous.update({sig: signal.signal(sig, forwarder.to_ranks) for sig in TO_RANKS})
     try:
         proc = subprocess.Popen(
             argv, env=env, stderr=subprocess.PIPE, text=True, errors="replace", bufsize=1
@@ -113,7 +130,8 @@ class _Unchanged:
 
 class AgentNoise:
     """Drops torchrun's own traceback of ``ChildFailedError`` and its failure table: paratrain
-    names the failed rank in one line, and the ranks' own output (``[rankN]:``) stays. Any other
+    names the failed rank in one line, and the ranks' own output (``[rankN]:``) stays. So is its
+    ``SignalException`` (torchrun stopping on a signal paratrain run reports). Any other
     traceback of torchrun (a rendezvous error, say) is shown whole."""
 
     def __init__(self) -> None:
@@ -133,7 +151,7 @@ class AgentNoise:
             if line[:1].isspace() or line.startswith("Traceback"):
                 return []
             held, self._held = self._held, []
-            if "ChildFailedError" in line:
+            if "ChildFailedError" in line or "SignalException" in line:
                 self._in_report = True
                 return []
             return held

@@ -25,7 +25,7 @@ from paratrain import faults
 from paratrain.checkpoint.remote_store import RemoteStore, open_store
 from paratrain.checkpoint.store import CheckpointStore
 from paratrain.config import RunConfig
-from paratrain.distributed.environment import LaunchEnv
+from paratrain.distributed.environment import LaunchEnv, read_report
 from paratrain.distributed.job_id import job_id
 from paratrain.errors import ConfigError
 from paratrain.run_dir import RunDir
@@ -160,6 +160,8 @@ class RunCheckpoints:
         restarted = p.env.restart_count > 0
         self.auto_resume = False
         self._resume_asked = True
+        if p.rank == 0:
+            checkpoints.clear_preempted(self.store)
         resumed = checkpoints.resume(
             self._pieces(),
             self.store,
@@ -178,20 +180,52 @@ class RunCheckpoints:
             self._record_restart(resumed is not None)
         return resumed
 
-    def check_previous_run(self) -> None:
-        """At the first training action of a run that did not resume: another run's
-        checkpoints in ``ckpt_dir`` are refused (``previous_run='refuse'``) or moved aside
-        (``'fresh'``), never mixed with this run's (collective, once)."""
-        if self._resume_asked or self.auto_resume or self.previous_run == "share":
-            return
+    def save_preempted(self, signal_name: str | None) -> Path | None:
+        """The checkpoint of a preempted run: any save in flight drained, then one written
+        synchronously (collective); the launcher is told (``PARATRAIN_REPORT``)."""
+        p = self.parts
+        self.store.wait()
+        folder = checkpoints.save(
+            self._pieces(), self.store, self.identity, self.last_extras, background=False
+        )
+        faults.emit("saved")
+        if p.rank == 0:
+            checkpoints.mark_preempted(self.store, folder)
+        if p.rank == 0 and p.env.report is not None:
+            record = dict(read_report(Path(p.env.report)) or {})
+            record["preempted"] = {
+                "step": p.loop.global_step,
+                "checkpoint": str(folder),
+                "signal": signal_name,
+            }
+            p.env.write_report(record)
+        return folder
+
+    def previous_run_pending(self) -> bool:
+        """Whether :meth:`check_previous_run` has still to look (this run has not resumed)."""
+        return not (self._resume_asked or self.auto_resume)
+
+    def check_previous_run(self) -> bool:
+        """At the first training action of a run that did not resume: True when the newest
+        checkpoint was saved on preemption (the caller resumes it); another run's checkpoints
+        in ``ckpt_dir`` are refused (``previous_run='refuse'``) or moved aside (``'fresh'``),
+        never mixed with this run's (collective, once)."""
+        if self._resume_asked or self.auto_resume:
+            return False
         self._resume_asked = True  # checked once
         other = checkpoints.other_run(self.store, self.identity, self.parts.rank)
-        if other is None:
-            return
+        if other is None or (self.previous_run == "share" and not other.preempted):
+            return False
+        if other.preempted and self.previous_run != "fresh":
+            self.parts.console.print(
+                f"paratrain: the newest checkpoint (step {other.newest_step}) was saved when run "
+                f"{other.run_id} was preempted: resuming it"
+            )
+            return True
         aside = f"{self.store.location}.{other.run_id}"
         if self.previous_run == "fresh":
             self._set_aside(Path(aside), other)
-            return
+            return False
         raise ConfigError(
             f"ckpt_dir {self.store.location} holds {other.count} checkpoint(s) of run "
             f"{other.run_id} (newest at step {other.newest_step}), and this run "

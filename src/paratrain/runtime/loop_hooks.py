@@ -12,6 +12,8 @@ arrives).
 from __future__ import annotations
 
 import datetime
+import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +30,7 @@ from paratrain.runtime.accumulation import Windows
 from paratrain.runtime.checkpoints import RunCheckpoints
 from paratrain.runtime.console import Console
 from paratrain.runtime.loop_state import LoopState
+from paratrain.runtime.preemption import PREEMPTED_EXIT, Preemption
 from paratrain.runtime.registry import Registry
 from paratrain.runtime.seeding import seed_rank_stream
 from paratrain.runtime.stats import StatsWriter
@@ -56,6 +59,8 @@ class LoopParts:
     """Print the notes the strategy gathered (once each)."""
     set_grad_accum: Callable[[int], None]
     """Change the micro-batches per step (``run.set_grad_accum``)."""
+    preemption: Preemption | None
+    """The preemption signals (``preempt_signals``; None: off)."""
 
 
 class LoopHooks:
@@ -70,6 +75,7 @@ class LoopHooks:
         """True once the global batch was derived and printed (the first training loader)."""
         self._in_pass: dict[int, tuple[int, int]] = {}
         self._stream_group: Any = None
+        self._preempt_group: Any = None
 
     # -- data.LoaderHooks ------------------------------------------------------------------
     def current_epoch(self) -> int:
@@ -94,6 +100,40 @@ class LoopHooks:
         """A batch arrived."""
         self.progress()
 
+    def safe_point(self) -> None:
+        """Before a training batch is handed out (or after a step of a loop without
+        ``run.loader``): where a preemption signal becomes a checkpoint and exit 75."""
+        run = self.run
+        preemption = run.preemption
+        if preemption is None or run.windows.pending() or not run.tracked.units:
+            return
+        if run.world_size > 1 and self._preempt_group is None and dist.is_initialized():
+            timeout = datetime.timedelta(seconds=run.config.timeout_s)
+            self._preempt_group = dist.new_group(backend="gloo", timeout=timeout)
+        if not preemption.agreed(self._preempt_group):
+            return
+        step = run.loop.global_step
+        grace = run.config.preempt_grace_s
+
+        def abandon() -> None:
+            run.console.warn(
+                f"preempted at step {step}: the save did not finish within {grace:g} s of the "
+                f"signal and was abandoned; the newest committed checkpoint stays valid. Exiting "
+                f"with {PREEMPTED_EXIT}."
+            )
+            os._exit(PREEMPTED_EXIT)
+
+        preemption.start_deadline(abandon)
+        started = time.perf_counter()
+        received = preemption.received
+        folder = run.checkpoints.save_preempted(received[0].name if received else None)
+        run.console.print(
+            f"paratrain: preempted at step {step}: saved {folder} in "
+            f"{time.perf_counter() - started:.1f} s; exiting with {PREEMPTED_EXIT} (run the "
+            "same command again to resume)"
+        )
+        raise SystemExit(PREEMPTED_EXIT)
+
     def warn(self, message: str) -> None:
         """A warning from the main process."""
         self.run.console.warn(message)
@@ -113,13 +153,17 @@ class LoopHooks:
             watchdog.progress(self.run.loop.global_step)
 
     # -- the loop runs ----------------------------------------------------------------------
-    def loop_action(self) -> None:
+    def loop_action(self, *, saving: bool = False) -> None:
         """Called by every training action: resume after a restart, once; refuse another
         run's checkpoints when this run did not resume (``previous_run``), once; start the
         profiler's step count (``Run(profile=...)``), once."""
         self.resume_if_restarted()
-        if self.run.tracked.units:
-            self.run.checkpoints.check_previous_run()
+        checkpoints = self.run.checkpoints
+        if self.run.tracked.units and checkpoints.previous_run_pending():
+            if saving:  # a save on some ranks only: its own error, not a hang in the check
+                checkpoints.store.check_every_rank_called()
+            if checkpoints.check_previous_run():
+                self.resume(keep_global_batch=False)  # the newest was saved on preemption
         profiler = self.run.profiler()
         if profiler is not None and not profiler.running and not profiler.done:
             profiler.start(self.run.loop.global_step)
@@ -216,6 +260,8 @@ class LoopHooks:
         if new_round:
             if run.loop.stepped():
                 self.warn_mid_epoch_save()
+            if not any(ld.train for ld in run.tracked.loaders):
+                self.safe_point()  # no loader hands out batches: a step is the safe point
             profiler = run.profiler()
             if profiler is not None:
                 profiler.step()

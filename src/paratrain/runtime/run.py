@@ -51,6 +51,7 @@ from paratrain.runtime.model_setup import (
     prepare_model,
     rebind_optimizer,
 )
+from paratrain.runtime.preemption import Preemption
 from paratrain.runtime.registry import Registry, Unit
 from paratrain.runtime.run_base import RunBase
 from paratrain.runtime.save_restore import CheckpointInfo
@@ -108,6 +109,17 @@ class Run(RunBase):
             self._checkpoints.identity.run_id, restarted=self.restart_count > 0
         )
         self._profiler = self._new_profiler(as_profile(self.config.profile))
+        self._preemption = (
+            Preemption(
+                self.config.preempt_signals,
+                grace_s=self.config.preempt_grace_s,
+                warn=self.console.warn,
+            )
+            if self.config.preempt_signals
+            else None
+        )
+        if self._preemption is not None:
+            self._preemption.install()
         self._hooks = LoopHooks(
             LoopParts(
                 config=self.config,
@@ -124,6 +136,7 @@ class Run(RunBase):
                 profiler=lambda: self._profiler,
                 print_notes=self._print_notes,
                 set_grad_accum=self.set_grad_accum,
+                preemption=self._preemption,
             )
         )
         if self.config.per_rank_batch is not None:
@@ -451,7 +464,7 @@ class Run(RunBase):
     ) -> Path | None:
         """Checkpoint everything registered (collective: every rank calls it). ``model``,
         ``optimizer``, ``scheduler`` are registered first if new. Returns the folder."""
-        self._hooks.loop_action()
+        self._hooks.loop_action(saving=True)
         self._register(model, optimizer, scheduler)
         return self._checkpoints.save(extras)
 
@@ -488,6 +501,8 @@ class Run(RunBase):
         self.tracked.notes.clear()
 
     def _before_close(self) -> None:
+        if getattr(self, "_preemption", None) is not None:
+            self._preemption.uninstall()  # type: ignore[union-attr]
         if getattr(self, "_profiler", None) is not None:
             unfinished = self._profiler.close()  # type: ignore[union-attr]
             if unfinished:

@@ -17,6 +17,9 @@ This module is given the pieces explicitly; it knows nothing of :class:`paratrai
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -398,28 +401,68 @@ def latest(store: CheckpointStore, rank: int) -> CheckpointInfo | None:
 
 @dataclass(frozen=True)
 class OtherRun:
-    """Checkpoints in the store written by another run (lineage) than the one asking."""
+    """Checkpoints in the store that this run did not write: another run's, or its own job's
+    newest when that one was saved on preemption."""
 
     run_id: str
     newest_step: int
     count: int
+    preempted: bool
+    """The newest checkpoint was saved on a preemption signal: it is meant to be resumed."""
+
+
+PREEMPTED_MARK = "preempted.json"
+"""A file in a local ``ckpt_dir`` naming the checkpoint a preempted run saved last."""
 
 
 def other_run(store: CheckpointStore, identity: Identity, rank: int) -> OtherRun | None:
-    """The run whose checkpoints ``store`` holds when it is not ``identity``'s lineage, newest
-    first (collective: rank 0 lists the manifests, every rank gets the answer)."""
+    """The checkpoints in ``store`` of another run (lineage), or of any run when the newest was
+    saved on preemption (collective: rank 0 lists the manifests, every rank gets the answer)."""
     found = None
     if rank == 0:
-        others = [
-            manifest
-            for _, manifest in store.candidates()
-            if (manifest.lineage or manifest.run_id) != identity.lineage
-        ]
-        if others:
-            newest = others[0]
-            found = (newest.lineage or newest.run_id or "(unnamed)", newest.step, len(others))
+        listed = store.candidates()
+        marked = _preempted_mark(store)
+        if listed and marked == listed[0][0].name:
+            newest = listed[0][1]
+            found = (newest.lineage or newest.run_id or "(unnamed)", newest.step, 1, True)
+        else:
+            others = [
+                manifest
+                for _, manifest in listed
+                if (manifest.lineage or manifest.run_id) != identity.lineage
+            ]
+            if others:
+                newest = others[0]
+                run_id = newest.lineage or newest.run_id or "(unnamed)"
+                found = (run_id, newest.step, len(others), False)
     agreed = _from_rank0(found)
     return None if agreed is None else OtherRun(*agreed)
+
+
+def _preempted_mark(store: CheckpointStore) -> str | None:
+    try:
+        mark = json.loads((Path(store.location) / PREEMPTED_MARK).read_text())
+    except (OSError, ValueError, TypeError):
+        return None
+    return mark.get("checkpoint") if isinstance(mark, dict) else None
+
+
+def mark_preempted(store: CheckpointStore, folder: Path | None) -> None:
+    """Rank 0, after the save on a preemption signal: the next run in this folder resumes it
+    (local folders; on object storage the next run is told to resume instead)."""
+    if folder is None or (isinstance(store.location, str) and "://" in store.location):
+        return
+    path = Path(store.location) / PREEMPTED_MARK
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"checkpoint": Path(folder).name, "time": time.time()}))
+    os.replace(tmp, path)
+
+
+def clear_preempted(store: CheckpointStore) -> None:
+    """Rank 0, after a resume: the preempted checkpoint has been taken up."""
+    if not (isinstance(store.location, str) and "://" in store.location):
+        with contextlib.suppress(OSError):
+            (Path(store.location) / PREEMPTED_MARK).unlink()
 
 
 def _newest_intact(

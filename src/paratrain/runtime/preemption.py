@@ -1,0 +1,112 @@
+"""Save when the scheduler says stop: a preemption signal becomes a checkpoint at the next safe
+point, then the process exits with :data:`PREEMPTED_EXIT`.
+
+    preemption = Preemption(("SIGTERM", "SIGUSR1"), grace_s=25.0, warn=console.warn)
+    preemption.install()                   # main thread only; a second signal aborts at once
+    ...
+    if preemption.agreed(group):           # at each safe point, on every rank (collective)
+        preemption.start_deadline(step)    # the save is abandoned past the grace period
+        ...save...
+
+Kubernetes and Docker send SIGTERM and wait a grace period (30 s by default); Slurm sends
+SIGTERM, or a chosen signal ahead of time (``--signal=USR1@90``). The signal may reach every
+rank (torchrun passes its own on) or one rank only. So a rank that got it says so at the next
+safe point, in an all-reduce that runs in the background while the batch trains, and every rank
+reads the answer at the safe point after: all ranks stop at the same one. A safe point is where a
+save resumes exactly: before the training loader hands out its next batch (no accumulation window
+open), or after an optimizer step of a loop without ``run.loader``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+PREEMPTED_EXIT = 75
+"""The exit code of a preempted process: "temporary failure, retry" (``EX_TEMPFAIL``). A
+checkpoint at the step reached is committed (or, past the grace period, the previous one stays
+the newest); running the same command again resumes. ``paratrain run`` exits with it too."""
+
+
+class Preemption:
+    """The preemption signals of one process, and the ranks' agreement on when to stop."""
+
+    def __init__(
+        self, signals: Iterable[str], *, grace_s: float, warn: Callable[[str], None]
+    ) -> None:
+        self.signals = tuple(signal.Signals[name] for name in signals)
+        self.grace_s = grace_s
+        self.warn = warn
+        self.received: tuple[signal.Signals, float] | None = None
+        """The first signal and when it came (monotonic seconds)."""
+        self._previous: dict[signal.Signals, Any] = {}
+        self._flag: torch.Tensor | None = None
+        self._work: Any = None
+        self._deadline: threading.Timer | None = None
+
+    def install(self) -> None:
+        """Catch the signals that have no handler yet (only the main thread can). A signal the
+        script or a library already handles (``faulthandler.register``, say) keeps its
+        handler."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in self.signals:
+            if signal.getsignal(sig) is signal.SIG_DFL:
+                self._previous[sig] = signal.signal(sig, self._handle)
+
+    def uninstall(self) -> None:
+        """Give the signals their previous handlers back, and stop the deadline."""
+        for sig, previous in self._previous.items():
+            with contextlib.suppress(ValueError, TypeError):
+                signal.signal(sig, previous)
+        self._previous.clear()
+        if self._deadline is not None:
+            self._deadline.cancel()
+
+    def _handle(self, signum: int, frame: object) -> None:
+        sig = signal.Signals(signum)
+        if self.received is None:
+            self.received = (sig, time.monotonic())
+            print(
+                f"paratrain: got {sig.name}: saving a checkpoint at the next safe point, then "
+                f"exiting with {PREEMPTED_EXIT} (a second {sig.name} stops at once)",
+                file=sys.stderr,
+                flush=True,
+            )
+            return
+        self.uninstall()  # a second signal: stop now, as if paratrain had not caught the first
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+
+    def agreed(self, group: Any) -> bool:
+        """Whether every rank stops here: some rank got a signal before the previous safe point
+        (collective over ``group``, a gloo group; one process: this one got a signal)."""
+        asked = self.received is not None
+        if group is None:
+            return asked
+        if self._work is not None:
+            self._work.wait()
+            assert self._flag is not None
+            if int(self._flag.item()) > 0:
+                return True
+        self._flag = torch.tensor([int(asked)], dtype=torch.int32)
+        self._work = dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=group, async_op=True)
+        return False
+
+    def start_deadline(self, on_expiry: Callable[[], None]) -> None:
+        """Call ``on_expiry`` (which must end the process) when the grace period, counted from
+        the signal, runs out before the save is done."""
+        since = self.received[1] if self.received is not None else time.monotonic()
+        left = max(0.0, self.grace_s - (time.monotonic() - since))
+        self._deadline = threading.Timer(left, on_expiry)
+        self._deadline.daemon = True
+        self._deadline.start()
