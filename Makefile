@@ -7,18 +7,25 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo test lint typecheck pytest serve-deps examples-test scale-test kill-trials image-test bench cuda-check clean
+.PHONY: demo test lint typecheck docs pytest release-test serve-deps examples-test scale-test kill-trials image-test bench cuda-check clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
+# Everything the checks need (ruff, mypy, pytest, mkdocs, the extras the tests exercise).
 $(VENV)/.installed: $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
 	$(BIN)/pip install -q -e ".[dev]"
+	touch $@ $(VENV)/.installed-demo
+
+# Only what the demo needs: the runtime and the demo extra (a .venv made by `make test` has it).
+$(VENV)/.installed-demo: $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q -e ".[demo]"
 	touch $@
 
-demo: $(VENV)/.installed
+demo: $(VENV)/.installed-demo
 	$(BIN)/paratrain demo
 
 lint: $(VENV)/.installed
@@ -29,11 +36,21 @@ lint: $(VENV)/.installed
 typecheck: $(VENV)/.installed
 	$(BIN)/mypy --strict src/
 
-pytest: $(VENV)/.installed
-	$(BIN)/pytest -q -m "not dist and not examples and not scale and not kill_trials and not layouts"
-	$(BIN)/pytest -q -m "dist and not examples and not scale and not kill_trials and not layouts"
+# The documentation site (mkdocs.yml, docs/): a broken link or reference fails the build.
+docs: $(VENV)/.installed
+	$(BIN)/mkdocs build --strict --quiet --site-dir site
 
-test: lint typecheck serve-deps pytest
+SLOW := examples or scale or kill_trials or layouts or release
+pytest: $(VENV)/.installed
+	$(BIN)/pytest -q -m "not dist and not ($(SLOW))"
+	$(BIN)/pytest -q -m "dist and not ($(SLOW))"
+
+# The sdist and wheel pass `twine check`; the wheel installs into a fresh venv and runs
+# `paratrain --help` and `paratrain doctor --quick` (about a minute).
+release-test: $(VENV)/.installed
+	$(BIN)/pytest -q -m release
+
+test: lint typecheck docs serve-deps pytest release-test
 
 # `paratrain serve` is tested against a real sshd. As root (CI) this installs openssh-server and
 # makes the unprivileged account the test logs in as (no home, no password, not locked); as

@@ -62,6 +62,11 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'paratrain' has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    """Every public name, the lazily imported ones (``Run``, ``launch``, ...) included."""
+    return sorted({*globals(), *__all__})
+
+
 __all__ = [
     "CheckpointError",
     "ConfigError",
