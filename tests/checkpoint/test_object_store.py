@@ -157,7 +157,7 @@ def test_ckpt_commands_and_load_weights_read_urls(
         {"path": ckpt, "valid": True, "problems": []}
     ]
     code, out, _ = _cli(["diff", ckpt, str(folder)], capsys)  # the remote and its staging copy
-    assert code == 0 and "identical: True" in out
+    assert code == 0 and "identical: yes" in out
     for path in (ckpt, f"{ckpt}/model.safetensors"):  # a checkpoint, and a single remote file
         model = mlp()
         report_ = pt.load_weights(model, path)

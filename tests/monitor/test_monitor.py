@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 import time
@@ -10,6 +11,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 import paratrain as pt
@@ -117,3 +120,84 @@ def test_damaged_stats_lines_are_skipped(tmp_path: Path) -> None:
     )
     (stats / "rank1.jsonl").write_text("null\n")
     assert latest_records(tmp_path) == [{"rank": 0, "step": 3}]
+
+
+STATS_LINE = st.fixed_dictionaries(
+    {},
+    optional={
+        key: st.one_of(
+            st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=5),
+            st.lists(st.integers(), max_size=2),
+            st.dictionaries(st.text(max_size=2), st.integers()),
+        )
+        for key in ("rank", "pid", "step", "time", "step_time_s", "samples_per_s",
+                    "data_wait_fraction", "peak_memory_mb", "device")
+    },
+)  # fmt: skip
+
+
+def _show_everything(run_dir: Path) -> None:
+    """The snapshot, rendered, and the --json and table commands: none may raise."""
+    from rich.console import Console
+
+    from paratrain.monitor.command import render
+
+    snap = snapshot(run_dir)
+    Console(file=io.StringIO(), width=120).print(render(snap))
+    json.dumps(snap)
+    assert main(["monitor", str(run_dir), "--json"]) == 0
+    assert main(["monitor", str(run_dir), "--once"]) == 0
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(content=st.binary(max_size=300))
+def test_no_stats_file_makes_a_traceback_bytes(
+    tmp_path_factory: pytest.TempPathFactory, content: bytes
+) -> None:
+    run_dir = tmp_path_factory.mktemp("run")
+    (run_dir / "stats").mkdir()
+    (run_dir / "stats" / "rank0.jsonl").write_bytes(content)
+    _show_everything(run_dir)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(lines=st.lists(STATS_LINE, min_size=1, max_size=3))
+def test_no_stats_record_makes_a_traceback(
+    tmp_path_factory: pytest.TempPathFactory, lines: list[dict[str, Any]]
+) -> None:
+    run_dir = tmp_path_factory.mktemp("run")
+    (run_dir / "stats").mkdir()
+    text = "\n".join(json.dumps(line, allow_nan=True) for line in lines)
+    (run_dir / "stats" / "rank0.jsonl").write_text(text)
+    (run_dir / "stats" / "rank1.jsonl").write_text(text.replace('"rank": 0', '"rank": 1'))
+    _show_everything(run_dir)
+
+
+def test_a_stats_file_that_is_a_folder_is_a_note(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = _write(tmp_path / "run", [{"rank": 0}])
+    (run_dir / "stats" / "rank1.jsonl").mkdir()
+    assert main(["monitor", str(run_dir), "--once"]) == 0
+    out = capsys.readouterr().out
+    assert "rank1.jsonl cannot be read" in out and "Traceback" not in out
+
+
+def test_without_a_job_it_says_how_to_point_at_one(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["monitor", "--once"]) == 0
+    out = capsys.readouterr().out
+    assert "paratrain monitor RUN_DIR" in out or "ranks" in out  # a job of this machine's own
+
+
+def test_piped_output_is_not_cut_at_80_columns(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = _write(tmp_path / "run", [{"rank": 0}, {"rank": 1, "data_wait_fraction": 0.9}])
+    assert main(["monitor", str(run_dir), "--once"]) == 0
+    out = capsys.readouterr().out
+    assert "raise num_workers, enable pin_memory, or cache/preprocess data" in out
+    assert max(len(line) for line in out.splitlines()) > 80

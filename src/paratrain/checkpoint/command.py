@@ -34,25 +34,28 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     actions = ckpt.add_subparsers(title="actions", metavar="ACTION", required=True)
     p = actions.add_parser("inspect", help="format, tensors, prefixes, saved run, resume state")
-    p.add_argument("path", type=location)
+    p.add_argument("path", type=location, help=PATH_HELP)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--trust", action="store_true", help="allow pickled code (trusted files)")
     p.set_defaults(handler=_inspect)
     p = actions.add_parser("verify", help="check checksums / read everything; exit 1 if bad")
-    p.add_argument("path", type=location)
+    p.add_argument("path", type=location, help=PATH_HELP)
     p.set_defaults(handler=_verify)
     p = actions.add_parser("convert", help="rewrite as pt, safetensors or dcp, prefixes removed")
-    p.add_argument("src", type=location)
-    p.add_argument("dst", type=location)
-    p.add_argument("--to", required=True, choices=FORMATS)
+    p.add_argument("src", type=location, help="the checkpoint or weights file to read")
+    p.add_argument("dst", type=location, help="where to write (a file, or a folder for dcp)")
+    p.add_argument("--to", required=True, choices=FORMATS, help="the format to write")
     p.add_argument("--trust", action="store_true", help="allow pickled code (trusted files)")
     p.set_defaults(handler=_convert)
     p = actions.add_parser("diff", help="compare two checkpoints' tensors; exit 1 if different")
-    p.add_argument("a", type=location)
-    p.add_argument("b", type=location)
+    p.add_argument("a", type=location, help="the first checkpoint")
+    p.add_argument("b", type=location, help="the second checkpoint")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--trust", action="store_true", help="allow pickled code (trusted files)")
     p.set_defaults(handler=_diff)
+
+
+PATH_HELP = "a checkpoint folder, a folder of checkpoints, a weights file, or a URL (s3://...)"
 
 
 def location(text: str) -> str | Path:
@@ -81,17 +84,54 @@ def _emit(lines: list[str], code: int) -> int:
 def _render(data: dict[str, Any], as_json: bool) -> list[str]:
     if as_json:
         return [json.dumps(data, indent=2)]
+    return human(data)
+
+
+NAMED_BY_DATA = {"max_abs_diff", "dtypes", "wrapper_prefixes"}
+"""Dicts whose keys are tensor names or dtypes: shown as they are."""
+
+
+def human(data: dict[str, Any], indent: str = "", *, words: bool = True) -> list[str]:
+    """``data`` as lines a person reads: yes/no, lists joined, sizes in MB, nested dicts
+    indented, lists of records as one bullet each; never a Python repr. With ``words``, keys
+    are shown as words (``first_keys``: "first keys")."""
     lines = []
     for key, value in data.items():
-        if isinstance(value, dict) and value:
-            lines.append(f"{key}:")
-            lines.extend(f"  {k}: {v}" for k, v in value.items())
-        elif isinstance(value, list) and value and isinstance(value[0], dict):
-            lines.append(f"{key}:")
-            lines.extend("  " + ", ".join(f"{k}={v}" for k, v in item.items()) for item in value)
+        label = indent + (str(key).replace("_", " ") if words else str(key))
+        if key == "bytes" and isinstance(value, int) and not isinstance(value, bool):
+            lines.append(f"{label}: {_size(value)}")
+        elif isinstance(value, dict) and value:
+            lines.append(f"{label}:")
+            lines.extend(human(value, indent + "  ", words=key not in NAMED_BY_DATA))
+        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            lines.append(f"{label}:")
+            for item in value:
+                lines.append(
+                    f"{indent}  - " + "; ".join(f"{k}: {_word(v)}" for k, v in item.items())
+                )
         else:
-            lines.append(f"{key}: {value}")
+            lines.append(f"{label}: {_word(value)}")
     return lines
+
+
+def _word(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if value is None or value == [] or value == {}:
+        return "none"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_word(v) for v in value)
+    if isinstance(value, dict):
+        return ", ".join(f"{k}: {_word(v)}" for k, v in value.items())
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def _size(count: int) -> str:
+    if count < 2**20:
+        return f"{count:,} bytes"
+    return f"{count / 2**20:,.1f} MiB ({count:,} bytes)"
 
 
 def _inspect(args: argparse.Namespace) -> int:

@@ -42,6 +42,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.set_defaults(handler=run_monitor)
 
 
+def _number(value: Any, form: str, scale: float = 1.0) -> str:
+    """``value`` (times ``scale``) in ``form``, or "-" when the stats did not have it."""
+    return "-" if value is None else format(value * scale, form)
+
+
 def render(snap: dict[str, Any]) -> Any:
     """Rich renderables for one snapshot."""
     from rich.console import Group
@@ -65,48 +70,34 @@ def render(snap: dict[str, Any]) -> Any:
         parts.append(gpus)
     elif snap.get("gpu_note"):
         parts.append(Text(snap["gpu_note"]))  # not markup: "[gpu]" is no style
-    ranks = Table(title=f"ranks of {snap['run_dir']}" if snap["run_dir"] else "ranks")
-    for col in (
-        "rank",
-        "step",
-        "step ms",
-        "samples/s",
-        "data wait",
-        "peak MB",
-        "CPU %",
-        "RSS MB",
-        "updated",
-    ):
-        ranks.add_column(col)
+    for note in snap.get("notes", []):
+        parts.append(Text(f"note: {note}"))
     procs = {p["rank"]: p for p in snap["processes"]}
-    if not snap["ranks"]:  # no run dir: the rank processes found on this machine
-        for p in snap["processes"]:
+    if snap["ranks"] or snap["processes"]:
+        ranks = Table(title=f"ranks of {snap['run_dir']}" if snap["run_dir"] else "ranks")
+        for col in RANK_COLUMNS:
+            ranks.add_column(col)
+        if not snap["ranks"]:  # no run dir: the rank processes found on this machine
+            for p in snap["processes"]:
+                ranks.add_row(str(p["rank"]), *["-"] * 5, *_process(p), "now")
+        for r in snap["ranks"]:
             ranks.add_row(
-                str(p["rank"]),
-                "-",
-                "-",
-                "-",
-                "-",
-                "-",
-                f"{p['cpu_percent']:.0f}",
-                f"{p['rss_mb']:.0f}",
-                "now",
+                str(r["rank"]),
+                "-" if r.get("step") is None else str(r["step"]),
+                _number(r.get("step_time_s"), ".1f", 1000),
+                _number(r.get("samples_per_s"), ".0f"),
+                _number(r.get("data_wait_fraction"), ".0%"),
+                _number(r.get("peak_memory_mb"), ".0f"),
+                *(_process(procs[r["rank"]]) if r["rank"] in procs else ("exited", "-")),
+                "-" if r.get("age_s") is None else f"{r['age_s']:.0f}s ago",
             )
-    for r in snap["ranks"]:
-        p = procs.get(r["rank"], {})
-        sps = r.get("samples_per_s")
-        ranks.add_row(
-            str(r["rank"]),
-            str(r["step"]),
-            f"{r['step_time_s'] * 1000:.1f}",
-            "-" if sps is None else f"{sps:.0f}",
-            f"{r['data_wait_fraction']:.0%}",
-            f"{r['peak_memory_mb']:.0f}",
-            f"{p.get('cpu_percent', 0):.0f}" if p else "exited",
-            f"{p['rss_mb']:.0f}" if p else "-",
-            f"{r['age_s']:.0f}s ago",
+        parts.append(ranks)
+    elif snap["run_dir"]:
+        parts.append(Text(f"no rank has written stats to {snap['run_dir']}/stats yet"))
+    else:
+        parts.append(
+            Text("no job found on this machine; `paratrain monitor RUN_DIR` shows a job's ranks")
         )
-    parts.append(ranks)
     if snap["flags"]:
         flags = Table(title="flags")
         for col in ("flag", "where", "detail", "hint"):
@@ -120,9 +111,39 @@ def render(snap: dict[str, Any]) -> Any:
     return Group(*parts)
 
 
+RANK_COLUMNS = (
+    "rank",
+    "step",
+    "step ms",
+    "samples/s",
+    "data wait",
+    "peak MB",
+    "CPU %",
+    "RSS MB",
+    "updated",
+)
+
+
+def _process(p: dict[str, Any]) -> tuple[str, str]:
+    return f"{p['cpu_percent']:.0f}", f"{p['rss_mb']:.0f}"
+
+
+def console() -> Any:
+    """A rich console as wide as the terminal; piped, as wide as ``COLUMNS`` or 200 columns, so
+    that nothing is cut at 80."""
+    import os
+    import sys
+
+    from rich.console import Console
+
+    if sys.stdout.isatty():
+        return Console()
+    columns = os.environ.get("COLUMNS", "")
+    return Console(width=int(columns) if columns.isdigit() and int(columns) > 0 else 200)
+
+
 def run_monitor(args: argparse.Namespace) -> int:
     """Show snapshots until interrupted (or once)."""
-    from rich.console import Console
     from rich.live import Live
 
     from paratrain.monitor.snapshot import snapshot
@@ -137,12 +158,12 @@ def run_monitor(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(snapshot(args.run_dir), indent=2))
         return 0
-    console = Console()
+    out = console()
     if args.once:
-        console.print(render(snapshot(args.run_dir)))
+        out.print(render(snapshot(args.run_dir)))
         return 0
     try:
-        with Live(render(snapshot(args.run_dir)), console=console, auto_refresh=False) as live:
+        with Live(render(snapshot(args.run_dir)), console=out, auto_refresh=False) as live:
             while True:
                 time.sleep(args.interval)
                 live.update(render(snapshot(args.run_dir)), refresh=True)

@@ -11,6 +11,7 @@ snap["flags"]       # straggler, input-bound, memory imbalance, idle GPU — eac
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import time
 from pathlib import Path
@@ -26,20 +27,58 @@ IMBALANCE = 1.25  # max / min peak memory across ranks or GPUs
 IDLE_GPU = 10  # percent utilisation
 
 
-def latest_records(run_dir: Path) -> list[dict[str, Any]]:
-    """The newest record of each ``stats/rank<r>.jsonl``, in rank order."""
-    records = []
+FIELDS = {
+    "rank": int,
+    "pid": int,
+    "step": int,
+    "time": float,
+    "step_time_s": float,
+    "samples_per_s": float,
+    "data_wait_fraction": float,
+    "peak_memory_mb": float,
+}
+"""What a stats record may hold, and its type; anything else, or of another type, is left out."""
+
+
+def latest_records(run_dir: Path, notes: list[str] | None = None) -> list[dict[str, Any]]:
+    """The newest readable record of each ``stats/rank<r>.jsonl``, in rank order. A file that
+    cannot be read (a folder, no permission) is skipped with a line in ``notes``; a damaged line
+    (being written right now, or not JSON) gives way to the one before it."""
+    records: dict[int, dict[str, Any]] = {}
     for path in sorted(RunDir(run_dir).stats.glob("rank*.jsonl")):
-        lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
-        for line in reversed(lines):
-            try:
-                record = json.loads(line)
-            except ValueError:  # a line being written right now, or damaged
-                continue
-            if isinstance(record, dict) and isinstance(record.get("rank"), int):
-                records.append(record)
+        try:
+            text = path.read_text(errors="replace")
+        except OSError as err:
+            if notes is not None:
+                notes.append(f"{path} cannot be read ({err.strerror or err})")
+            continue
+        for line in reversed(text.splitlines()):
+            record = _clean(line)
+            if record is not None:
+                records.setdefault(record["rank"], record)
                 break
-    return sorted(records, key=lambda r: r["rank"])
+    return [records[rank] for rank in sorted(records)]
+
+
+def _clean(line: str) -> dict[str, Any] | None:
+    """The known fields of one JSON line with their types, or None without a rank."""
+    try:
+        raw = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(raw, dict):
+        return None
+    record: dict[str, Any] = {}
+    for name, kind in FIELDS.items():
+        value = raw.get(name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if kind is int and (not isinstance(value, int) or value < 0):
+            continue
+        if kind is float and not math.isfinite(value):
+            continue
+        record[name] = kind(value)
+    return record if "rank" in record else None
 
 
 GPU_HINT = "no GPU stats: nvidia-ml-py is not installed (pip install 'paratrain[gpu]')"
@@ -103,7 +142,7 @@ def process_stats(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in records:
         try:
             procs[r["rank"]] = psutil.Process(r["pid"])
-        except (psutil.Error, KeyError):
+        except (psutil.Error, KeyError, ValueError, OverflowError):
             continue
     if not records:
         procs = rank_processes()
@@ -137,7 +176,7 @@ def flags(records: list[dict[str, Any]], gpus: list[dict[str, Any]]) -> list[dic
     if len(times) >= 2:
         median = statistics.median(times)
         for r in records:
-            if r.get("step_time_s", 0) > STRAGGLER * median:
+            if (r.get("step_time_s") or 0) > STRAGGLER * median:
                 found.append(
                     {
                         "flag": "straggler",
@@ -195,12 +234,14 @@ def flags(records: list[dict[str, Any]], gpus: list[dict[str, Any]]) -> list[dic
 
 def snapshot(run_dir: Path | None) -> dict[str, Any]:
     """Machine and job state right now."""
-    records = latest_records(run_dir) if run_dir is not None else []
+    notes: list[str] = []
+    records = latest_records(run_dir, notes) if run_dir is not None else []
     gpus, gpu_note = gpu_stats()
     now = time.time()
     for r in records:
-        r["age_s"] = now - r["time"]
+        r["age_s"] = now - r["time"] if "time" in r else None
     return {
+        "notes": notes,
         "time": now,
         "run_dir": str(run_dir) if run_dir else None,
         "ranks": records,
