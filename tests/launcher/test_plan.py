@@ -224,3 +224,41 @@ def test_garbled_slurm_variables_are_named() -> None:
     env = {"SLURM_JOB_ID": "7", "SLURM_NNODES": "2", "SLURM_NODEID": "5"}
     with pytest.raises(ConfigError, match="do not fit together"):
         make_plan(RunOptions(target=["-m", "x"], nproc="1"), env=env, gpus=0)
+
+
+def test_an_elastic_job_goes_to_torchrun_as_min_max(script: Path) -> None:
+    options = RunOptions(
+        target=[str(script)], nnodes=2, min_nnodes=1, max_restarts=3, rdzv_endpoint="node0:29400"
+    )
+    plan = make_plan(options, env={}, gpus=0)
+    assert "--nnodes=1:2" in plan.argv and not any(a.startswith("--node-rank") for a in plan.argv)
+    assert "--rdzv-backend=c10d" in plan.argv and plan.describe().startswith("elastic: 1 to 2")
+
+
+@pytest.mark.parametrize(
+    ("changes", "needle"),
+    [
+        ({"rdzv_endpoint": None}, "needs --rdzv-endpoint"),
+        ({"node_rank": 0}, "Leave --node-rank out"),
+        ({"max_restarts": 0}, "needs --max-restarts K >= 1"),
+    ],
+)
+def test_elastic_settings_that_cannot_work_are_named(
+    script: Path, changes: dict[str, Any], needle: str
+) -> None:
+    settings: dict[str, Any] = {
+        "nnodes": 2, "min_nnodes": 1, "max_restarts": 3, "rdzv_endpoint": "node0:29400"
+    }  # fmt: skip
+    with pytest.raises(ConfigError, match=needle):
+        make_plan(RunOptions(target=[str(script)], **{**settings, **changes}), env={}, gpus=0)
+
+
+def test_nnodes_reads_n_or_min_max() -> None:
+    import argparse
+
+    from paratrain.launcher.command import node_count
+
+    assert node_count("2") == (2, 2) and node_count("1:4") == (1, 4)
+    for bad in ("0", "4:1", "a:b", "1:", ":2"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            node_count(bad)

@@ -3,6 +3,7 @@
     paratrain run --nproc 4 train.py --lr 3e-4
     paratrain run --nproc 2 --max-restarts 3 --run-dir runs/exp train.py   # restarts resume
     paratrain run --nnodes 2 --node-rank 0 --rdzv-endpoint node0:29500 train.py
+    paratrain run --nnodes 1:4 --max-restarts 10 --rdzv-endpoint node0:29500 train.py  # elastic
     srun paratrain run train.py                     # inside Slurm: nodes and host from SLURM_*
 
 The resolved topology is printed once. When a rank dies, the exit names the rank and its
@@ -48,9 +49,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--nproc", default="auto", help="ranks per node, or auto (= visible GPUs)")
     p.add_argument(
         "--nnodes",
-        type=positive_int,
+        type=node_count,
         default=None,
-        help="machines in the job (default 1, or Slurm's)",
+        help="machines in the job: N, or MIN:MAX for an elastic job that goes on when nodes "
+        "leave or join (default 1, or Slurm's)",
     )
     p.add_argument(
         "--node-rank",
@@ -116,6 +118,20 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.set_defaults(handler=run_command)
 
 
+def node_count(text: str) -> tuple[int, int]:
+    """``--nnodes``: ``N`` as (N, N), or ``MIN:MAX`` (an elastic job) as (MIN, MAX)."""
+    low, colon, high = text.partition(":")
+    try:
+        pair = (positive_int(low), positive_int(high if colon else low))
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"expected N or MIN:MAX (positive whole numbers), got {text!r}"
+        ) from None
+    if pair[0] > pair[1]:
+        raise argparse.ArgumentTypeError(f"MIN must not exceed MAX in {text!r}")
+    return pair
+
+
 def run_command(args: argparse.Namespace) -> int:
     """Validate, print the topology, run torchrun, explain a failure or an interrupt."""
     import torch
@@ -127,7 +143,8 @@ def run_command(args: argparse.Namespace) -> int:
         options = RunOptions(
             target=list(args.target),
             nproc=args.nproc,
-            nnodes=args.nnodes,
+            nnodes=args.nnodes[1] if args.nnodes else None,
+            min_nnodes=args.nnodes[0] if args.nnodes and args.nnodes[0] != args.nnodes[1] else None,
             node_rank=args.node_rank,
             rdzv_endpoint=args.rdzv_endpoint,
             rdzv_id=args.rdzv_id,

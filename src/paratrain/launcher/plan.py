@@ -41,6 +41,8 @@ class RunOptions:
     """``[script.py, args...]`` or ``[-m, module, args...]``."""
     nproc: str = "auto"
     nnodes: int | None = None
+    min_nnodes: int | None = None
+    """``--nnodes MIN:MAX``: an elastic job of MIN to ``nnodes`` machines (None: a fixed size)."""
     node_rank: int | None = None
     rdzv_endpoint: str | None = None
     rdzv_id: str | None = None
@@ -70,10 +72,18 @@ class LaunchPlan:
     backend: str
     source: str
     notes: list[str] = field(default_factory=list)
+    min_nnodes: int | None = None
+    """An elastic job's fewest nodes (None: a fixed size of ``nnodes``)."""
 
     def describe(self) -> str:
         """One line for the user, printed before starting."""
         where = f"rendezvous {self.endpoint}" if self.endpoint else "standalone (local rendezvous)"
+        if self.min_nnodes is not None:
+            return (
+                f"elastic: {self.min_nnodes} to {self.nnodes} node(s) x {self.nproc} rank(s); "
+                f"backend {self.backend}; {where}; a node lost or added is a restart that resumes "
+                "from the newest checkpoint at the new world size, keeping the global batch"
+            )
         return (
             f"{self.nnodes} node(s) x {self.nproc} rank(s) = {self.nnodes * self.nproc} "
             f"rank(s); this node {self.node_rank}; backend {self.backend}; {where}; "
@@ -212,6 +222,8 @@ def make_plan(options: RunOptions, *, env: Mapping[str, str], gpus: int) -> Laun
     if options.run_dir is not None:
         check_creatable(options.run_dir, "--run-dir")
     nnodes, node_rank, endpoint, source = _nodes(options, env)
+    if options.min_nnodes is not None:
+        _check_elastic(options)
     if endpoint is not None:
         _check_endpoint(endpoint)
     if nnodes > 1 and endpoint is None:
@@ -219,8 +231,8 @@ def make_plan(options: RunOptions, *, env: Mapping[str, str], gpus: int) -> Laun
             f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT (the host of node 0), the same "
             "on every node."
         )
-    if endpoint is not None and node_rank == 0:
-        _check_port_free(endpoint)
+    if endpoint is not None and node_rank == 0 and options.min_nnodes is None:
+        _check_port_free(endpoint)  # elastic: the first agent on that host serves it
     argv = [
         sys.executable,
         "-m",
@@ -232,9 +244,10 @@ def make_plan(options: RunOptions, *, env: Mapping[str, str], gpus: int) -> Laun
     if endpoint is None:
         argv.append("--standalone")
     else:
+        elastic = options.min_nnodes is not None
         argv += [
-            f"--nnodes={nnodes}",
-            f"--node-rank={node_rank}",
+            f"--nnodes={options.min_nnodes}:{nnodes}" if elastic else f"--nnodes={nnodes}",
+            *([] if elastic else [f"--node-rank={node_rank}"]),  # elastic: torchrun assigns
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint={endpoint}",
         ]
@@ -246,6 +259,7 @@ def make_plan(options: RunOptions, *, env: Mapping[str, str], gpus: int) -> Laun
         argv=[*argv, *options.torchrun_args, *target],
         env=_run_env(options, env),
         nnodes=nnodes,
+        min_nnodes=options.min_nnodes,
         nproc=nproc,
         node_rank=node_rank,
         endpoint=endpoint,
@@ -253,6 +267,31 @@ def make_plan(options: RunOptions, *, env: Mapping[str, str], gpus: int) -> Laun
         source=source,
         notes=notes,
     )
+
+
+def _check_elastic(options: RunOptions) -> None:
+    low, high = options.min_nnodes, options.nnodes
+    assert low is not None and high is not None
+    if not 1 <= low <= high:
+        raise ConfigError(
+            f"--nnodes {low}:{high} is not MIN:MAX with 1 <= MIN <= MAX. Pass e.g. --nnodes 1:4."
+        )
+    if options.rdzv_endpoint is None:
+        raise ConfigError(
+            f"--nnodes {low}:{high} needs --rdzv-endpoint HOST:PORT, the same on every node: the "
+            "machine that hosts the rendezvous (it must stay up; losing it ends the job)."
+        )
+    if options.node_rank is not None:
+        raise ConfigError(
+            f"--nnodes {low}:{high} is elastic: torchrun numbers the nodes at each rendezvous. "
+            "Leave --node-rank out."
+        )
+    if options.max_restarts < 1:
+        raise ConfigError(
+            f"--nnodes {low}:{high} needs --max-restarts K >= 1: each node lost or added is a "
+            "restart of the job (which resumes from the newest checkpoint). Pass e.g. "
+            "--max-restarts 10."
+        )
 
 
 def _backend(asked: str | None, nproc: int, gpus: int) -> str:

@@ -64,12 +64,13 @@ class RankTracebacks:
         self.own[rank] = [PREFIX.sub("", held, count=1) for held in block]
         return block
 
-    def flush(self) -> list[str]:
-        """At the end of the output: tracebacks still held, and the peer-loss tracebacks in
-        full when no rank failed on its own (then they are all there is to read)."""
+    def flush(self, *, failed: bool = True) -> list[str]:
+        """At the end of the output: tracebacks still held, and, when the job ``failed`` and
+        no rank failed on its own, the peer-loss tracebacks in full (then they are all there
+        is to read; a job that went on after a restart needs none of them)."""
         shown = [line for rank in sorted(self._held) for line in self._held[rank]]
         self._held = {}
-        if not self.own:
+        if failed and not self.own:
             shown += [line for rank in sorted(self.lost_peer) for line in self.lost_peer[rank]]
         return shown
 

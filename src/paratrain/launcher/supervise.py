@@ -108,9 +108,9 @@ def supervise(
         for kept in noise.flush():
             for shown in shown_by.feed(kept):
                 sys.stderr.write(shown)
-        for shown in shown_by.flush():
-            sys.stderr.write(shown)
         code = proc.wait()
+        for shown in shown_by.flush(failed=code != 0):
+            sys.stderr.write(shown)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -124,7 +124,7 @@ class _Unchanged:
     def feed(self, line: str) -> list[str]:
         return [line]
 
-    def flush(self) -> list[str]:
+    def flush(self, *, failed: bool = True) -> list[str]:
         return []
 
 

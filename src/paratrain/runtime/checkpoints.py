@@ -177,7 +177,7 @@ class RunCheckpoints:
                 self.saved_global_batch = (resumed.manifest.global_batch, keep_global_batch)
         if restarted and not self._restart_recorded:
             self._restart_recorded = True
-            self._record_restart(resumed is not None)
+            self._record_restart(resumed)
         return resumed
 
     def save_preempted(self, signal_name: str | None) -> Path | None:
@@ -263,7 +263,9 @@ class RunCheckpoints:
         """The newest valid checkpoint's manifest and extras (collective)."""
         return checkpoints.latest(self.store, self.parts.rank)
 
-    def _record_restart(self, resumed: bool) -> None:
+    def _record_restart(self, resumed: checkpoints.Resumed | None) -> None:
+        """One line of ``restarts.jsonl``: the attempt, where it resumed, and the world size
+        before and after (they differ when an elastic job lost or gained a node)."""
         p = self.parts
         if p.rank != 0:
             return
@@ -272,8 +274,11 @@ class RunCheckpoints:
             "restart": p.env.restart_count,
             "step": p.loop.global_step,
             "epoch": p.loop.epoch,
-            "resumed": resumed,
+            "resumed": resumed is not None,
             "checkpoint_dir": self.store.location,
+            "world_size": p.world_size,
+            "saved_world_size": resumed.manifest.world_size if resumed is not None else None,
+            "grad_accum": resumed.grad_accum if resumed is not None else p.loop.grad_accum,
         }
         p.layout.restarts.parent.mkdir(parents=True, exist_ok=True)
         with p.layout.restarts.open("a", encoding="utf-8") as f:

@@ -163,7 +163,7 @@ class LoopHooks:
             if saving:  # a save on some ranks only: its own error, not a hang in the check
                 checkpoints.store.check_every_rank_called()
             if checkpoints.check_previous_run():
-                self.resume(keep_global_batch=False)  # the newest was saved on preemption
+                self.resume(keep_global_batch=True)  # the newest was saved on preemption
         profiler = self.run.profiler()
         if profiler is not None and not profiler.running and not profiler.done:
             profiler.start(self.run.loop.global_step)
@@ -171,9 +171,10 @@ class LoopHooks:
 
     def resume_if_restarted(self) -> None:
         """After a torchrun restart: resume from the newest valid checkpoint (once), as soon as
-        a model is set up, whatever the loop's shape."""
+        a model is set up, whatever the loop's shape. The global batch is kept: an elastic job
+        restarted on fewer (or more) nodes changes grad_accum instead."""
         if self.run.checkpoints.auto_resume and self.run.tracked.units:
-            self.resume(keep_global_batch=False)
+            self.resume(keep_global_batch=True)
 
     def resume(self, *, keep_global_batch: bool) -> dict[str, Any] | None:
         """Restore the newest valid checkpoint into the registered pieces."""

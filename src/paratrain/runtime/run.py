@@ -483,12 +483,18 @@ class Run(RunBase):
         model: nn.Module | None = None,
         optimizer: Optimizer | None = None,
         scheduler: Any = None,
-        keep_global_batch: bool = False,
+        keep_global_batch: bool | None = None,
     ) -> dict[str, Any] | None:
         """Restore everything registered from the newest valid checkpoint (read every call: a
-        rollback too); return its extras, or None. Later registrations get their state then."""
+        rollback too); return its extras, or None. Later registrations get their state then.
+
+        ``keep_global_batch``: when the world size differs from the checkpoint's, True keeps
+        the saved global batch by changing grad_accum, False keeps grad_accum and reports the
+        new global batch; None (the default) keeps it in a restarted worker (an elastic job
+        that lost or gained a node) and reports it otherwise."""
         self._register(model, optimizer, scheduler)
-        return self._hooks.resume(keep_global_batch=keep_global_batch)
+        keep = self.restart_count > 0 if keep_global_batch is None else keep_global_batch
+        return self._hooks.resume(keep_global_batch=keep)
 
     def latest_checkpoint(self) -> CheckpointInfo | None:
         """The newest valid checkpoint's step, epoch, manifest and extras, readable before
