@@ -38,7 +38,7 @@ typecheck: $(VENV)/.installed
 
 # The documentation site (mkdocs.yml, docs/): a broken link or reference fails the build.
 docs: $(VENV)/.installed
-	$(BIN)/mkdocs build --strict --quiet --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
 
 SLOW := examples or scale or kill_trials or layouts or release
 pytest: $(VENV)/.installed

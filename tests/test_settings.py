@@ -28,9 +28,10 @@ HOSTILE: list[Any] = [
 
 def test_every_setting_has_a_check_and_the_readme_table_is_made_from_them() -> None:
     assert set(_CHECKS) == set(FIELDS)
-    readme = (Path(__file__).parents[1] / "docs" / "api.md").read_text()
+    readme = (Path(__file__).parents[1] / "docs" / "reference" / "settings.md").read_text()
     assert settings_table() in readme, (
-        "The settings table in docs/api.md is out of date. Replace it with the output of\n"
+        "The settings table in docs/reference/settings.md is out of date. Replace it with the "
+        "output of\n"
         "python -c 'from paratrain.config import settings_table; print(settings_table())'"
     )
 

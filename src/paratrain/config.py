@@ -468,7 +468,8 @@ def _field_docs() -> dict[str, str]:
 
 
 def settings_table() -> str:
-    """The settings table of docs/api.md: the fields, their defaults, rules and docstrings."""
+    """The settings table of docs/reference/settings.md: the fields, their defaults, rules and
+    docstrings."""
     docs = _field_docs()
     rows = ["| setting | default | allowed | meaning |", "|---|---|---|---|"]
     for f in fields(RunConfig):

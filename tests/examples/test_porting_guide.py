@@ -1,4 +1,5 @@
-"""``docs/porting.md``: every row points to shipped code that does what the row says.
+"""The porting guides (``docs/tutorials/port-*.md``): every row points to shipped code that does
+what the row says.
 
 For each table row, every paratrain call named in its "paratrain" column (``run.x``, ``pt.x``,
 ``pt.Run(setting=...)``, ``paratrain run``) must appear in at least one example the row links,
@@ -13,13 +14,17 @@ import pytest
 
 from tests.examples.support import ROOT
 
-GUIDE = ROOT / "docs" / "porting.md"
+GUIDES = [
+    ROOT / "docs" / "tutorials" / "port-ddp-tutorial.md",
+    ROOT / "docs" / "tutorials" / "port-accelerate-fabric.md",
+]
 
 
 def _rows() -> list[tuple[str, str, list[Path]]]:
     """(first cell, the "paratrain" cell, linked files) of every row of every table."""
     rows, column = [], -1
-    for line in GUIDE.read_text().splitlines():
+    lines = [(guide, line) for guide in GUIDES for line in guide.read_text().splitlines()]
+    for guide, line in lines:
         if not line.startswith("|"):
             column = -1
             continue
@@ -30,7 +35,7 @@ def _rows() -> list[tuple[str, str, list[Path]]]:
         if set(cells[0]) <= {"-"}:
             continue
         links = re.findall(r"\]\(([^)#]+)\)", cells[-1])
-        rows.append((cells[0], cells[column], [(GUIDE.parent / ln).resolve() for ln in links]))
+        rows.append((cells[0], cells[column], [(guide.parent / ln).resolve() for ln in links]))
     return rows
 
 
@@ -52,7 +57,7 @@ ROWS = _rows()
 
 def test_the_guide_has_both_tables_and_the_readme_links_it() -> None:
     assert len(ROWS) >= 25
-    assert "docs/porting.md" in (ROOT / "README.md").read_text()
+    assert "docs/tutorials/port-ddp-tutorial.md" in (ROOT / "README.md").read_text()
 
 
 @pytest.mark.parametrize(("idiom", "cell", "paths"), ROWS, ids=[r[0][:40] for r in ROWS])

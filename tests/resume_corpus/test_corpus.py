@@ -3,8 +3,9 @@
     pytest -m examples tests/resume_corpus    # parity and verify-resume: 25 min on 2 busy cores
     pytest -m scale tests/resume_corpus       # the kill trials: 12 min there
 
-Every script is a small port, by the README and docs/porting.md, of a well-known public training
-script's loop (its module docstring names the original and the shape it exercises):
+Every script is a small port, by the README and docs/tutorials/port-ddp-tutorial.md, of a
+well-known public training script's loop (its module docstring names the original and the shape
+it exercises):
 
 - parity: a port with a hand-written plain-torch original (``<name>_original.py``) ends with the
   original's weights, bit for bit, in one process;

@@ -99,7 +99,7 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
 
 
 def write_json(path: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> Path:
-    """``{"meta": {...}, "results": [...]}`` (schema in docs/commands.md)."""
+    """``{"meta": {...}, "results": [...]}`` (schema in docs/howto/bench.md)."""
     path.write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
     return path
 

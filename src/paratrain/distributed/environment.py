@@ -21,7 +21,7 @@ What a launcher passes to the script's :class:`paratrain.Run`:
 =========================  ==============================================================
 
 What ``paratrain verify-resume`` passes (for testing restart safety; see
-``docs/verify-resume.md`` and :mod:`paratrain.faults`):
+``docs/concepts/verify-resume.md`` and :mod:`paratrain.faults`):
 
 =========================  ==============================================================
 ``PARATRAIN_TRACE``        a folder: each rank appends its loop events to ``rank<r>.jsonl``

@@ -248,8 +248,8 @@ class Run(RunBase):
     def track(self, obj: T, name: str | None = None, *, replicated: bool = False) -> T:
         """Save and restore ``obj`` (anything with ``state_dict``/``load_state_dict``: an EMA
         model, a metric, an RNN's hidden state) with every checkpoint, per rank; returns it.
-        ``replicated=True``: rank 0's state serves every rank (see docs/api.md, "What a checkpoint
-        holds")."""
+        ``replicated=True``: rank 0's state serves every rank (see "What a checkpoint holds" in
+        docs/concepts/exact-resume.md)."""
         self.tracked.add_object(obj, name, replicated=replicated)
         self._print_notes()
         return obj

@@ -12,7 +12,7 @@ one rank SIGKILLed there and ``--max-restarts 1``, and compares every rank's fin
 last checkpoint and the ``--compare-files`` with the first run, bit for bit unless ``--atol``.
 Everything after SCRIPT is the script's. Exit code 0 when every killed run matches, 1 when one
 differs or does not finish, or the script is not deterministic or fails on its own, 2 for a
-usage error. See docs/verify-resume.md.
+usage error. See docs/concepts/verify-resume.md.
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ def _kill_points(first: RunResult, options: Options, say: Callable[[str], None])
             f"{options.script} created paratrain.Run but never reached a kill point (no "
             "run.step, run.save, run.epochs, eval_loader batch or accumulation window), so "
             "there is nothing to interrupt. verify-resume checks scripts that train with "
-            "pt.Run's loop; see docs/verify-resume.md."
+            "pt.Run's loop; see docs/concepts/verify-resume.md."
         )
     if len(choices) < options.kills:
         say(f"verify-resume: the run has only {len(choices)} kill points; all of them are used")
@@ -116,7 +116,7 @@ def _check_dirs(result: RunResult, options: Options) -> None:
             f"{options.script} ran to its end without creating paratrain.Run, so there are "
             "no checkpoints, kill points or final states to compare. verify-resume checks "
             "scripts that train with pt.Run (run.setup, run.step, run.save); see "
-            "docs/verify-resume.md."
+            "docs/concepts/verify-resume.md."
         )
     _, ckpt_dir = reported_dirs(result.report)
     own = result.files.run_dir.resolve()
