@@ -29,8 +29,8 @@ demo: $(VENV)/.installed-demo
 	$(BIN)/paratrain demo
 
 lint: $(VENV)/.installed
-	$(BIN)/ruff check src tests benchmarks examples
-	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/ruff check src tests benchmarks examples docs/hooks
+	$(BIN)/ruff format --check src tests benchmarks examples docs/hooks
 	$(BIN)/hadolint docker/Dockerfile
 
 typecheck: $(VENV)/.installed
