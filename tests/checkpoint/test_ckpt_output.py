@@ -41,8 +41,24 @@ def test_inspect_verify_and_diff_print_words(
     assert main(["ckpt", "diff", str(first), str(second)]) == 1
     out = capsys.readouterr().out
     assert not REPR.search(out), REPR.search(out)
-    assert "optimizer: yes" in out and "identical: no" in out and "first keys: bias, weight" in out
-    assert "bias:" in out  # tensor names are shown as they are, not as words
+    assert "optimizer: yes" in out and "identical: no" in out
+    assert "first keys:\n  - bias\n  - weight\n" in out  # a list: one bullet line per item
+    assert "\n  bias: " in out  # tensor names are shown as they are, not as words
+
+
+def test_a_folder_of_checkpoints_lists_each_with_its_problems(
+    checkpoints: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    first, second = checkpoints
+    (second / "optimizer.safetensors").unlink()
+    assert main(["ckpt", "inspect", str(first.parent)]) == 0
+    out = capsys.readouterr().out
+    assert not REPR.search(out), REPR.search(out)
+    assert (
+        f"checkpoints:\n  - path: {second}\n    valid: no\n    problems:\n"
+        "      - optimizer.safetensors is missing\n"
+        f"  - path: {first}\n    valid: yes\n    problems: none\n"
+    ) in out
 
 
 def test_json_stays_data(
@@ -59,7 +75,9 @@ def test_values_of_every_kind_read_as_words() -> None:
             "valid": True,
             "problems": [],
             "bytes": 3 * 2**20,
-            "files": [{"name": "a", "ok": False}],
+            "parameters": 527362,
+            "first_keys": ["a.weight", "a.bias"],
+            "files": [{"name": "a", "ok": False}, {"name": "b", "ok": True}],
             "max_abs_diff": {"layer_norm.weight": 0.5},
             "note": None,
         }
@@ -67,9 +85,16 @@ def test_values_of_every_kind_read_as_words() -> None:
     assert lines == [
         "valid: yes",
         "problems: none",
-        "bytes: 3.0 MiB (3,145,728 bytes)",
+        "size: 3.0 MiB (3,145,728 bytes)",
+        "parameters: 527,362",
+        "first keys:",
+        "  - a.weight",
+        "  - a.bias",
         "files:",
-        "  - name: a; ok: no",
+        "  - name: a",
+        "    ok: no",
+        "  - name: b",
+        "    ok: yes",
         "max abs diff:",
         "  layer_norm.weight: 0.5",
         "note: none",

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -145,8 +147,15 @@ def _show_everything(run_dir: Path) -> None:
     snap = snapshot(run_dir)
     Console(file=io.StringIO(), width=120).print(render(snap))
     json.dumps(snap)
-    assert main(["monitor", str(run_dir), "--json"]) == 0
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["monitor", str(run_dir), "--json"]) == 0
+    assert json.loads(printed.getvalue(), parse_constant=_not_json)["run_dir"] == str(run_dir)
     assert main(["monitor", str(run_dir), "--once"]) == 0
+
+
+def _not_json(name: str) -> None:
+    raise AssertionError(f"--json printed {name}, which is not JSON")
 
 
 @settings(
@@ -154,8 +163,9 @@ def _show_everything(run_dir: Path) -> None:
 )
 @given(content=st.binary(max_size=300))
 def test_no_stats_file_makes_a_traceback_bytes(
-    tmp_path_factory: pytest.TempPathFactory, content: bytes
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch, content: bytes
 ) -> None:
+    monkeypatch.setattr("paratrain.monitor.snapshot.HOST_SAMPLE_S", 0.0)  # CPU % is not tested
     run_dir = tmp_path_factory.mktemp("run")
     (run_dir / "stats").mkdir()
     (run_dir / "stats" / "rank0.jsonl").write_bytes(content)
@@ -167,8 +177,11 @@ def test_no_stats_file_makes_a_traceback_bytes(
 )
 @given(lines=st.lists(STATS_LINE, min_size=1, max_size=3))
 def test_no_stats_record_makes_a_traceback(
-    tmp_path_factory: pytest.TempPathFactory, lines: list[dict[str, Any]]
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    lines: list[dict[str, Any]],
 ) -> None:
+    monkeypatch.setattr("paratrain.monitor.snapshot.HOST_SAMPLE_S", 0.0)  # CPU % is not tested
     run_dir = tmp_path_factory.mktemp("run")
     (run_dir / "stats").mkdir()
     text = "\n".join(json.dumps(line, allow_nan=True) for line in lines)
@@ -184,13 +197,84 @@ def test_a_stats_file_that_is_a_folder_is_a_note(
     (run_dir / "stats" / "rank1.jsonl").mkdir()
     assert main(["monitor", str(run_dir), "--once"]) == 0
     out = capsys.readouterr().out
-    assert "rank1.jsonl cannot be read" in out and "Traceback" not in out
+    assert "rank1.jsonl cannot be read (it is a folder" in out and "Traceback" not in out
+    assert main(["monitor", str(run_dir), "--json"]) == 0
+    snap = json.loads(capsys.readouterr().out)
+    assert [r["rank"] for r in snap["ranks"]] == [0] and "rank1.jsonl" in snap["notes"][0]
 
 
-def test_without_a_job_it_says_how_to_point_at_one(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are a POSIX feature")
+def test_a_stats_file_that_is_a_named_pipe_is_a_note_not_a_hang(tmp_path: Path) -> None:
+    run_dir = _write(tmp_path / "run", [{"rank": 0}])
+    os.mkfifo(run_dir / "stats" / "rank1.jsonl")  # opening it to read would wait for a writer
+    snap = snapshot(run_dir)
+    assert [r["rank"] for r in snap["ranks"]] == [0]
+    assert snap["notes"] == [f"{run_dir}/stats/rank1.jsonl cannot be read (it is a named pipe, "
+                             "not a regular file)"]  # fmt: skip
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="file names of any bytes: Linux file systems")
+def test_a_file_name_that_is_not_utf8_prints(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = _write(tmp_path / "run", [{"rank": 0}])
+    os.mkdir(os.fsencode(run_dir / "stats") + b"/rank\xff.jsonl")
+    assert main(["monitor", str(run_dir), "--once"]) == 0
+    assert "rank\ufffd.jsonl cannot be read" in capsys.readouterr().out
+
+
+def test_a_run_dir_that_reads_as_markup_is_shown_as_it_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = _write(tmp_path / "[/bold]", [{"rank": 0}])
+    assert main(["monitor", str(run_dir), "--once"]) == 0
+    assert "[/bold]" in capsys.readouterr().out
+
+
+def test_only_the_end_of_a_long_stats_file_is_read(tmp_path: Path) -> None:
+    from paratrain.monitor.snapshot import TAIL_BYTES
+
+    (tmp_path / "stats").mkdir()
+    line = json.dumps({"rank": 0, "step": 1, "note": "x" * 200}) + "\n"
+    lines = [line.replace('"step": 1', f'"step": {i}') for i in range(2 * TAIL_BYTES // len(line))]
+    (tmp_path / "stats" / "rank0.jsonl").write_text("".join(lines))
+    assert snapshot(tmp_path)["ranks"][0]["step"] == len(lines) - 1
+
+
+def test_a_run_dir_that_is_a_file_is_one_paragraph(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "run").write_text("not a folder")
+    with pytest.raises(SystemExit) as info:
+        main(["monitor", str(tmp_path / "run"), "--once"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "is a file, not a folder" in " ".join(err.split())
+    assert "Traceback" not in err and "paratrain monitor runs/paratrain" in " ".join(err.split())
+
+
+def test_without_a_job_it_says_how_to_point_at_one(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from paratrain.monitor import snapshot as module
+
+    monkeypatch.setattr(module, "rank_processes", dict)  # no torchrun job on this machine
     assert main(["monitor", "--once"]) == 0
     out = capsys.readouterr().out
-    assert "paratrain monitor RUN_DIR" in out or "ranks" in out  # a job of this machine's own
+    assert "paratrain monitor RUN_DIR" in out and "host: CPU" in out
+    assert "samples/s" not in out  # no empty ranks table
+
+
+def test_without_a_run_dir_the_ranks_of_this_machine_come_with_the_hint(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import psutil
+
+    from paratrain.monitor import snapshot as module
+
+    monkeypatch.setattr(module, "rank_processes", lambda: {3: psutil.Process()})
+    assert main(["monitor", "--once"]) == 0
+    out = capsys.readouterr().out
+    assert "samples/s" in out and "│ 3 " in out and "paratrain monitor RUN_DIR" in out
 
 
 def test_piped_output_is_not_cut_at_80_columns(

@@ -30,32 +30,50 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     ckpt = subparsers.add_parser(
         "ckpt",
         help="inspect, verify, convert and diff checkpoints",
-        description=__doc__.split("\n")[0],
+        description=DESCRIPTION,
     )
     actions = ckpt.add_subparsers(title="actions", metavar="ACTION", required=True)
-    p = actions.add_parser("inspect", help="format, tensors, prefixes, saved run, resume state")
-    p.add_argument("path", type=location, help=PATH_HELP)
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--trust", action="store_true", help="allow pickled code (trusted files)")
+    p = _action(actions, "inspect", "format, tensors, prefixes, saved run, resume state")
+    p.add_argument("path", type=location, metavar="PATH", help=PATH_HELP)
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
+    p.add_argument("--trust", action="store_true", help=TRUST_HELP)
     p.set_defaults(handler=_inspect)
-    p = actions.add_parser("verify", help="check checksums / read everything; exit 1 if bad")
-    p.add_argument("path", type=location, help=PATH_HELP)
+    p = _action(actions, "verify", "check checksums / read everything; exit 1 if bad")
+    p.add_argument("path", type=location, metavar="PATH", help=PATH_HELP)
     p.set_defaults(handler=_verify)
-    p = actions.add_parser("convert", help="rewrite as pt, safetensors or dcp, prefixes removed")
-    p.add_argument("src", type=location, help="the checkpoint or weights file to read")
-    p.add_argument("dst", type=location, help="where to write (a file, or a folder for dcp)")
+    p = _action(actions, "convert", "rewrite as pt, safetensors or dcp, prefixes removed")
+    p.add_argument(
+        "src", type=location, metavar="SRC", help="the checkpoint or weights file to read"
+    )
+    p.add_argument(
+        "dst", type=location, metavar="DST", help="where to write (a file, or a folder for dcp)"
+    )
     p.add_argument("--to", required=True, choices=FORMATS, help="the format to write")
-    p.add_argument("--trust", action="store_true", help="allow pickled code (trusted files)")
+    p.add_argument("--trust", action="store_true", help=TRUST_HELP)
     p.set_defaults(handler=_convert)
-    p = actions.add_parser("diff", help="compare two checkpoints' tensors; exit 1 if different")
-    p.add_argument("a", type=location, help="the first checkpoint")
-    p.add_argument("b", type=location, help="the second checkpoint")
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--trust", action="store_true", help="allow pickled code (trusted files)")
+    p = _action(actions, "diff", "compare two checkpoints' tensors; exit 1 if different")
+    p.add_argument("a", type=location, metavar="A", help="the first checkpoint or weights file")
+    p.add_argument("b", type=location, metavar="B", help="the second checkpoint or weights file")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
+    p.add_argument("--trust", action="store_true", help=TRUST_HELP)
     p.set_defaults(handler=_diff)
 
 
+def _action(
+    actions: argparse._SubParsersAction[argparse.ArgumentParser], name: str, summary: str
+) -> argparse.ArgumentParser:
+    """One ``paratrain ckpt`` action, its summary also the first line of its ``--help``."""
+    return actions.add_parser(name, help=summary, description=f"paratrain ckpt {name}: {summary}.")
+
+
+DESCRIPTION = (
+    "Inspect, verify, convert and diff checkpoints: paratrain checkpoint folders, torch.save "
+    "files, safetensors files and DCP folders, on disk or at a URL (s3://...). A path that is "
+    "not a readable checkpoint is a one-paragraph error and exit code 2."
+)
 PATH_HELP = "a checkpoint folder, a folder of checkpoints, a weights file, or a URL (s3://...)"
+JSON_HELP = "print the report as JSON, for scripts, instead of lines for people"
+TRUST_HELP = "allow pickled code, e.g. a whole nn.Module saved by torch.save (trusted files only)"
 
 
 def location(text: str) -> str | Path:
@@ -92,25 +110,35 @@ NAMED_BY_DATA = {"max_abs_diff", "dtypes", "wrapper_prefixes"}
 
 
 def human(data: dict[str, Any], indent: str = "", *, words: bool = True) -> list[str]:
-    """``data`` as lines a person reads: yes/no, lists joined, sizes in MB, nested dicts
-    indented, lists of records as one bullet each; never a Python repr. With ``words``, keys
-    are shown as words (``first_keys``: "first keys")."""
+    """``data`` as lines a person reads: yes/no, "none" for nothing, sizes in MiB, nested
+    dicts indented, lists as one bullet line per item (a record's fields indented under its
+    bullet); never a Python repr. With ``words``, keys are shown as words (``first_keys``:
+    "first keys")."""
     lines = []
     for key, value in data.items():
         label = indent + (str(key).replace("_", " ") if words else str(key))
         if key == "bytes" and isinstance(value, int) and not isinstance(value, bool):
-            lines.append(f"{label}: {_size(value)}")
+            lines.append(f"{indent}size: {_size(value)}")
         elif isinstance(value, dict) and value:
             lines.append(f"{label}:")
             lines.extend(human(value, indent + "  ", words=key not in NAMED_BY_DATA))
-        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        elif isinstance(value, (list, tuple)) and value:
             lines.append(f"{label}:")
-            for item in value:
-                lines.append(
-                    f"{indent}  - " + "; ".join(f"{k}: {_word(v)}" for k, v in item.items())
-                )
+            lines.extend(_bullets(value, indent + "  "))
         else:
             lines.append(f"{label}: {_word(value)}")
+    return lines
+
+
+def _bullets(items: list[Any] | tuple[Any, ...], indent: str) -> list[str]:
+    """One ``- item`` line per item; a record's first field on its bullet, the rest below it."""
+    lines = []
+    for item in items:
+        if isinstance(item, dict) and item:
+            first, *rest = human(item, indent + "  ")
+            lines += [f"{indent}- {first.lstrip()}", *rest]
+        else:
+            lines.append(f"{indent}- {_word(item)}")
     return lines
 
 
@@ -125,6 +153,8 @@ def _word(value: Any) -> str:
         return ", ".join(f"{k}: {_word(v)}" for k, v in value.items())
     if isinstance(value, float):
         return f"{value:.6g}"
+    if isinstance(value, int):
+        return f"{value:,}"
     return str(value)
 
 

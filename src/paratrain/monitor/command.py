@@ -23,23 +23,37 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p = subparsers.add_parser(
         "monitor",
         help="live per-GPU and per-rank view of a running job",
-        description=__doc__.split("\n")[0],
+        description=DESCRIPTION,
     )
     p.add_argument(
         "run_dir",
         nargs="?",
         type=Path,
         default=None,
-        help="the job's run dir (with stats/rank*.jsonl)",
+        metavar="RUN_DIR",
+        help="the job's run dir (its stats/rank*.jsonl files); without it, only this machine",
     )
     p.add_argument("--once", action="store_true", help="print one snapshot and exit")
     p.add_argument(
-        "--interval", type=positive_seconds, default=2.0, help="seconds between refreshes"
+        "--interval",
+        type=positive_seconds,
+        default=2.0,
+        metavar="SECONDS",
+        help="seconds between refreshes (default: 2)",
     )
     p.add_argument(
-        "--json", action="store_true", help="print the snapshot as JSON (implies --once)"
+        "--json", action="store_true", help="print one snapshot as JSON, for scripts, and exit"
     )
     p.set_defaults(handler=run_monitor)
+
+
+DESCRIPTION = (
+    "Live per-GPU and per-rank view of a running job: step time, samples/s, data wait and "
+    "memory of every rank (from the stats files each rank writes when stats_every is set), GPU "
+    "and CPU use of this machine, and flags for stragglers, input-bound ranks, memory imbalance "
+    "and idle GPUs. Without RUN_DIR it shows this machine only."
+)
+JOB_HINT = "to watch a job's ranks, point the monitor at its run dir: paratrain monitor RUN_DIR"
 
 
 def _number(value: Any, form: str, scale: float = 1.0) -> str:
@@ -74,7 +88,8 @@ def render(snap: dict[str, Any]) -> Any:
         parts.append(Text(f"note: {note}"))
     procs = {p["rank"]: p for p in snap["processes"]}
     if snap["ranks"] or snap["processes"]:
-        ranks = Table(title=f"ranks of {snap['run_dir']}" if snap["run_dir"] else "ranks")
+        # A Text title: a run dir named like "[x]" is no markup.
+        ranks = Table(title=Text(f"ranks of {snap['run_dir']}" if snap["run_dir"] else "ranks"))
         for col in RANK_COLUMNS:
             ranks.add_column(col)
         if not snap["ranks"]:  # no run dir: the rank processes found on this machine
@@ -95,9 +110,7 @@ def render(snap: dict[str, Any]) -> Any:
     elif snap["run_dir"]:
         parts.append(Text(f"no rank has written stats to {snap['run_dir']}/stats yet"))
     else:
-        parts.append(
-            Text("no job found on this machine; `paratrain monitor RUN_DIR` shows a job's ranks")
-        )
+        parts.append(Text(f"no job found on this machine; {JOB_HINT}"))
     if snap["flags"]:
         flags = Table(title="flags")
         for col in ("flag", "where", "detail", "hint"):
@@ -108,6 +121,8 @@ def render(snap: dict[str, Any]) -> Any:
     elif snap["ranks"]:
         parts.append("no flags: no straggler, input-bound rank, memory imbalance or idle GPU")
     parts.append(f"host: CPU {snap['cpu_percent']:.0f}%, memory {snap['memory_percent']:.0f}%")
+    if not snap["run_dir"] and (snap["ranks"] or snap["processes"]):
+        parts.append(Text(JOB_HINT))
     return Group(*parts)
 
 
@@ -142,17 +157,31 @@ def console() -> Any:
     return Console(width=int(columns) if columns.isdigit() and int(columns) > 0 else 200)
 
 
+def check_run_dir(run_dir: Path) -> None:
+    """A ``ConfigError`` naming the fix unless ``run_dir`` is a folder with a ``stats/`` folder."""
+    from paratrain.monitor.snapshot import printable
+
+    shown = printable(run_dir)
+    if not existing(run_dir, "RUN_DIR").is_dir():
+        raise ConfigError(
+            f"RUN_DIR {shown} is a file, not a folder. Pass the run dir of a paratrain job (its "
+            "run_dir setting, default runs/paratrain): paratrain monitor runs/paratrain."
+        )
+    if not RunDir(run_dir).stats.is_dir():
+        raise ConfigError(
+            f"{shown} has no stats/ folder. Pass the run dir of a paratrain job (its "
+            "run_dir setting, default runs/paratrain), started with stats_every set."
+        )
+
+
 def run_monitor(args: argparse.Namespace) -> int:
     """Show snapshots until interrupted (or once)."""
     from rich.live import Live
 
     from paratrain.monitor.snapshot import snapshot
 
-    if args.run_dir is not None and not RunDir(existing(args.run_dir, "RUN_DIR")).stats.is_dir():
-        raise ConfigError(
-            f"{args.run_dir} has no stats/ folder. Pass the run dir of a paratrain job (its "
-            "run_dir setting, default runs/paratrain), started with stats_every set."
-        )
+    if args.run_dir is not None:
+        check_run_dir(args.run_dir)
     if args.interval <= 0:
         raise ConfigError(f"--interval must be > 0 seconds, got {args.interval}.")
     if args.json:

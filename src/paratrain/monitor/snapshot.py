@@ -6,12 +6,15 @@ snap["gpus"]        # utilisation, memory, power, temperature (nvidia-ml-py), or
 snap["gpu_note"]    # why "gpus" is empty (nvidia-ml-py missing: the pip command), or None
 snap["processes"]   # CPU% and RSS of each rank's process (psutil), on any machine
 snap["flags"]       # straggler, input-bound, memory imbalance, idle GPU — each with a hint
+snap["notes"]       # stats files that cannot be read (a folder, a pipe), one line each
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 import statistics
 import time
 from pathlib import Path
@@ -25,6 +28,8 @@ STRAGGLER = 1.2  # a rank whose step time exceeds this multiple of the median
 INPUT_BOUND = 0.30  # fraction of wall time spent waiting for batches
 IMBALANCE = 1.25  # max / min peak memory across ranks or GPUs
 IDLE_GPU = 10  # percent utilisation
+TAIL_BYTES = 64 * 1024  # read of each stats file: its newest records, not a long run's history
+HOST_SAMPLE_S = 0.1  # the shortest time over which the machine's CPU use is measured
 
 
 FIELDS = {
@@ -42,22 +47,59 @@ FIELDS = {
 
 def latest_records(run_dir: Path, notes: list[str] | None = None) -> list[dict[str, Any]]:
     """The newest readable record of each ``stats/rank<r>.jsonl``, in rank order. A file that
-    cannot be read (a folder, no permission) is skipped with a line in ``notes``; a damaged line
-    (being written right now, or not JSON) gives way to the one before it."""
+    cannot be read (a folder, a pipe, no permission) is skipped with a line in ``notes``; a
+    damaged line (being written right now, or not JSON) gives way to the one before it."""
+    notes = [] if notes is None else notes
     records: dict[int, dict[str, Any]] = {}
-    for path in sorted(RunDir(run_dir).stats.glob("rank*.jsonl")):
+    stats = RunDir(run_dir).stats
+    try:
+        paths = sorted(stats.glob("rank*.jsonl"))
+    except OSError as err:  # the folder went away or changed while being listed
+        notes.append(f"{printable(stats)} cannot be listed ({err.strerror or err})")
+        paths = []
+    for path in paths:
         try:
-            text = path.read_text(errors="replace")
+            lines = _tail(path)
         except OSError as err:
-            if notes is not None:
-                notes.append(f"{path} cannot be read ({err.strerror or err})")
+            notes.append(f"{printable(path)} cannot be read ({err.strerror or err})")
             continue
-        for line in reversed(text.splitlines()):
+        for line in reversed(lines):
             record = _clean(line)
             if record is not None:
                 records.setdefault(record["rank"], record)
                 break
     return [records[rank] for rank in sorted(records)]
+
+
+def _tail(path: Path) -> list[str]:
+    """The lines in the last ``TAIL_BYTES`` of ``path``. Anything but a regular file is an
+    OSError: a named pipe would block the monitor and a device (``/dev/zero``) never ends, so
+    the file is opened without waiting and looked at before a byte is read."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise OSError(f"it is {_kind(info.st_mode)}, not a regular file")
+    with os.fdopen(fd, "rb") as file:
+        start = max(0, info.st_size - TAIL_BYTES)
+        file.seek(start)
+        lines = file.read(TAIL_BYTES).split(b"\n")
+    # A read that starts inside the file starts inside a line: that part is no record.
+    return [line.decode(errors="replace") for line in lines[1 if start else 0 :]]
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISFIFO(mode):
+        return "a named pipe"
+    return "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a special file"
+
+
+def printable(path: Path | str) -> str:
+    """``path`` as text any terminal and JSON reader takes: bytes of a file name that are not
+    UTF-8 become U+FFFD instead of surrogates, which fail when printed."""
+    return os.fsencode(path).decode(errors="replace")
 
 
 def _clean(line: str) -> dict[str, Any] | None:
@@ -234,20 +276,27 @@ def flags(records: list[dict[str, Any]], gpus: list[dict[str, Any]]) -> list[dic
 
 def snapshot(run_dir: Path | None) -> dict[str, Any]:
     """Machine and job state right now."""
+    started = time.monotonic()
+    psutil.cpu_percent(None)  # the start of the host CPU measurement, read at the end
     notes: list[str] = []
     records = latest_records(run_dir, notes) if run_dir is not None else []
     gpus, gpu_note = gpu_stats()
     now = time.time()
     for r in records:
-        r["age_s"] = now - r["time"] if "time" in r else None
+        age = now - r["time"] if "time" in r else math.nan
+        r["age_s"] = age if math.isfinite(age) else None  # no Infinity in --json
+    # Without records of its own, a run dir shows no ranks: the torchrun processes found on this
+    # machine may belong to another job.
+    processes = process_stats(records) if records or run_dir is None else []
+    time.sleep(max(0.0, HOST_SAMPLE_S - (time.monotonic() - started)))
     return {
         "notes": notes,
         "time": now,
-        "run_dir": str(run_dir) if run_dir else None,
+        "run_dir": printable(run_dir) if run_dir else None,
         "ranks": records,
         "gpus": gpus,
         "gpu_note": gpu_note,
-        "processes": process_stats(records),
+        "processes": processes,
         "flags": flags(records, gpus),
         "cpu_percent": psutil.cpu_percent(None),
         "memory_percent": psutil.virtual_memory().percent,
