@@ -1,5 +1,6 @@
 """``docker stop`` of a training container: SIGTERM through ``paratrain serve CMD`` (which execs
-the command) reaches every rank, and the checkpoint folder holds only complete checkpoints."""
+the command) reaches every rank, which save at the step reached and stop (exit 75, preempted);
+the checkpoint folder holds only complete checkpoints."""
 
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ def test_sigterm_mid_training_leaves_only_complete_checkpoints(tmp_path: Path) -
     time.sleep(0.15)  # into the next save
     proc.send_signal(signal.SIGTERM)  # what `docker stop` sends to the entrypoint
     output = proc.communicate(timeout=120)[0]
-    assert proc.returncode == 143, output[-3000:]  # paratrain run: terminated
+    assert proc.returncode == 75, output[-3000:]  # paratrain run: preempted, saved
+    assert "paratrain run: preempted by SIGTERM at step" in output
     for rank in (0, 1):
         with pytest.raises(ProcessLookupError):
             os.kill(int((tmp_path / f"rank{rank}.pid").read_text()), 0)

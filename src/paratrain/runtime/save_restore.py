@@ -411,7 +411,7 @@ class OtherRun:
     """The newest checkpoint was saved on a preemption signal: it is meant to be resumed."""
 
 
-PREEMPTED_MARK = "preempted.json"
+PREEMPTED_MARK = ".preempted.json"
 """A file in a local ``ckpt_dir`` naming the checkpoint a preempted run saved last."""
 
 
