@@ -1,9 +1,12 @@
 """The embedded demo job: a small CNN on scikit-learn's digits, trained with DDP.
 
-    paratrain demo                    # 2 CPU ranks (or every GPU), ~20 s on a laptop CPU
+    paratrain demo                    # 2 CPU ranks (or every GPU): about 30 s on 2 CPU cores
+    paratrain demo --skip-resume      # no crash and no second run: about 20 s
     paratrain demo --epochs 5 --strategy fsdp --run-dir runs/demo-fsdp
 
-Steps: launch ``paratrain.demo.train`` on N ranks through torchrun; evaluate on the held-out set
-with the exact-once eval loader; save the weights; reload them in a fresh single CPU process
-(``paratrain.demo.evaluate``) and check both accuracies; plot the curves.
+Steps: launch ``paratrain.demo.train`` on N ranks through torchrun, with a checkpoint after every
+epoch; kill one rank halfway, so that torchrun's restart resumes from the newest checkpoint;
+evaluate on the held-out set with the exact-once eval loader; save the weights and reload them in
+a fresh single CPU process (``paratrain.demo.evaluate``); train once more without the crash and
+compare the two runs bit for bit (``paratrain.demo.resume_check``); plot the curves.
 """

@@ -1,13 +1,17 @@
 """The demo's data and model: scikit-learn's 8x8 digits (shipped with it; no download).
 
-train_set, test_set = digits_datasets()   # 1437 / 360 images, a fixed split
+train_set, test_set = digits_datasets()   # 1438 / 359 images, a fixed split
 model = DigitsCNN()
 """
 
 from __future__ import annotations
 
+import gzip
+import importlib.util
 from collections.abc import Iterable
+from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import TensorDataset
@@ -20,20 +24,38 @@ SPLIT_SEED = 1234
 
 def digits_datasets() -> tuple[TensorDataset, TensorDataset]:
     """Train and test sets of (image 1x8x8 in [0, 1], label 0-9), split the same way every time."""
-    try:
-        from sklearn.datasets import load_digits
-    except ImportError as err:
-        raise EnvironmentMismatchError(
-            "The demo needs scikit-learn for its shipped digits data. Run "
-            "`pip install 'paratrain[demo]'` (or `make demo`, which does it)."
-        ) from err
-    bunch = load_digits()
-    images = torch.tensor(bunch.images, dtype=torch.float32).unsqueeze(1) / 16.0
-    labels = torch.tensor(bunch.target, dtype=torch.long)
+    images_8x8, targets = _digits_arrays()
+    images = torch.tensor(images_8x8, dtype=torch.float32).unsqueeze(1) / 16.0
+    labels = torch.tensor(targets, dtype=torch.long)
     order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(SPLIT_SEED))
     n_test = int(len(labels) * TEST_FRACTION)
     test, train = order[:n_test], order[n_test:]
     return TensorDataset(images[train], labels[train]), TensorDataset(images[test], labels[test])
+
+
+def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """(images of shape (1797, 8, 8) with values 0-16, labels), as ``load_digits`` returns them.
+
+    scikit-learn keeps the digits in one gzipped CSV file (64 pixels, then the label, per row).
+    Reading that file directly, as ``load_digits`` itself does, spares every rank importing
+    scikit-learn and SciPy, about 2 s of each process's start. Where the file is not found (a
+    future scikit-learn that moves it), ``load_digits`` reads it.
+    """
+    spec = importlib.util.find_spec("sklearn")  # finds the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        raise EnvironmentMismatchError(
+            "The demo needs scikit-learn for its shipped digits data. Run "
+            "`pip install 'paratrain[demo]'` (or `make demo`, which does it)."
+        )
+    shipped = Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz"
+    if shipped.is_file():
+        with gzip.open(shipped, "rt") as rows:
+            table = np.loadtxt(rows, delimiter=",")
+        return table[:, :-1].reshape(-1, 8, 8), table[:, -1].astype(int)
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    return bunch.images, bunch.target
 
 
 class DigitsCNN(nn.Module):
