@@ -66,6 +66,8 @@ class LoopParts:
 class LoopHooks:
     """The run's reactions to the loop; also the hooks of its loaders."""
 
+    _runs_made = 0
+
     def __init__(self, parts: LoopParts) -> None:
         self.run = parts
         self.rank_streams = False
@@ -75,7 +77,10 @@ class LoopHooks:
         """True once the global batch was derived and printed (the first training loader)."""
         self._in_pass: dict[int, tuple[int, int]] = {}
         self._stream_group: Any = None
-        self._preempt_group: Any = None
+        LoopHooks._runs_made += 1
+        self._run_number = LoopHooks._runs_made
+        """Which Run of this process this is: every rank makes its Runs in the same order, so
+        the number tells one Run's preemption key from the previous one's."""
 
     # -- data.LoaderHooks ------------------------------------------------------------------
     def current_epoch(self) -> int:
@@ -107,10 +112,12 @@ class LoopHooks:
         preemption = run.preemption
         if preemption is None or run.windows.pending() or not run.tracked.units:
             return
-        if run.world_size > 1 and self._preempt_group is None and dist.is_initialized():
-            timeout = datetime.timedelta(seconds=run.config.timeout_s)
-            self._preempt_group = dist.new_group(backend="gloo", timeout=timeout)
-        if not preemption.agreed(self._preempt_group):
+        store = None
+        if run.world_size > 1 and dist.is_initialized():
+            store = dist.distributed_c10d._get_default_store()
+        attempt = run.checkpoints.parts.env.restart_count
+        key = f"paratrain/preempt/{run.checkpoints.identity.run_id}/{attempt}/{self._run_number}"
+        if not preemption.agreed(store, key, run.loop.global_step):
             return
         step = run.loop.global_step
         grace = run.config.preempt_grace_s

@@ -4,7 +4,7 @@ point, then the process exits with :data:`PREEMPTED_EXIT`.
     preemption = Preemption(("SIGTERM", "SIGUSR1"), grace_s=25.0, warn=console.warn)
     preemption.install()                   # main thread only; a second signal aborts at once
     ...
-    if preemption.agreed(group):           # at each safe point, on every rank (collective)
+    if preemption.agreed(store, key, step):   # at each safe point, on every rank
         preemption.start_deadline(step)    # the save is abandoned past the grace period
         ...save...
 
@@ -28,9 +28,9 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import torch
-import torch.distributed as dist
-
+AHEAD = 3
+"""Steps between a rank's signal and the step every rank stops at (ranks are at most one step
+apart, so each sees the target before it gets there)."""
 PREEMPTED_EXIT = 75
 """The exit code of a preempted process: "temporary failure, retry" (``EX_TEMPFAIL``). A
 checkpoint at the step reached is committed (or, past the grace period, the previous one stays
@@ -49,8 +49,8 @@ class Preemption:
         self.received: tuple[signal.Signals, float] | None = None
         """The first signal and when it came (monotonic seconds)."""
         self._previous: dict[signal.Signals, Any] = {}
-        self._flag: torch.Tensor | None = None
-        self._work: Any = None
+        self._posted = False
+        self._target: int | None = None
         self._deadline: threading.Timer | None = None
 
     def install(self) -> None:
@@ -87,20 +87,22 @@ class Preemption:
         signal.signal(sig, signal.SIG_DFL)
         os.kill(os.getpid(), sig)
 
-    def agreed(self, group: Any) -> bool:
-        """Whether every rank stops here: some rank got a signal before the previous safe point
-        (collective over ``group``, a gloo group; one process: this one got a signal)."""
-        asked = self.received is not None
-        if group is None:
-            return asked
-        if self._work is not None:
-            self._work.wait()
-            assert self._flag is not None
-            if int(self._flag.item()) > 0:
-                return True
-        self._flag = torch.tensor([int(asked)], dtype=torch.int32)
-        self._work = dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=group, async_op=True)
-        return False
+    def agreed(self, store: Any, key: str, step: int) -> bool:
+        """Whether this rank stops here, at optimizer step ``step``. One process (``store``
+        None): once a signal came. Several: the first rank that got a signal posts, in the
+        job's key-value store under ``key``, a step :data:`AHEAD` steps on; every rank stops at
+        its first safe point at or past it. Ranks are at most a step apart (each step's
+        gradients are all-reduced), so each reads the target before it reaches it, and no
+        collective is needed that ranks with unequal safe points would mismatch."""
+        if store is None:
+            return self.received is not None
+        if self.received is not None and not self._posted:
+            self._posted = True
+            if store.add(f"{key}/asked", 1) == 1:  # the first rank to ask sets the step
+                store.set(f"{key}/step", str(step + AHEAD))
+        if self._target is None and store.check([f"{key}/step"]):
+            self._target = int(store.get(f"{key}/step"))
+        return self._target is not None and step >= self._target
 
     def start_deadline(self, on_expiry: Callable[[], None]) -> None:
         """Call ``on_expiry`` (which must end the process) when the grace period, counted from
