@@ -76,6 +76,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         default=None,
         help="where bench.json and the plots go (default runs/bench/DATE-TIME)",
     )
+    p.add_argument(
+        "--threads",
+        type=int_in(1, 1024),
+        default=None,
+        help="torch threads per rank (default: the cores divided among the ranks)",
+    )
     p.add_argument("--no-plot", action="store_true", help="write no PNG plots")
     p.add_argument("--profile", action="store_true", help="torch.profiler trace of one config")
     p.set_defaults(handler=run_bench)

@@ -61,6 +61,8 @@ class Settings:
     """Wanted half-width of the median ratio's 95 % interval, relative to the median."""
     compare: tuple[str, ...] = ()
     """Peers measured in the same rounds: ``accelerate``, ``fabric`` (see ``bench.peers``)."""
+    threads: int | None = None
+    """torch threads per rank (None: the cores divided among the ranks)."""
 
 
 @dataclass

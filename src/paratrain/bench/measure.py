@@ -76,9 +76,12 @@ def paratrain_loop(spec: ModelSpec, config: Config, settings: Settings) -> Loop:
     try:
         torch.manual_seed(0)
         model = spec.build()
+        # The loss inside the model (loss_fn=, model(x, target=y)) only where the strategy needs
+        # it (split logits, pipeline stages); elsewhere as the documented loop computes it.
+        loss_fn = spec.loss if config.splits_layers else None
         with contextlib.redirect_stdout(io.StringIO()):
             model, optimizer = run.setup(
-                model, torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9), loss_fn=spec.loss
+                model, torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9), loss_fn=loss_fn
             )
         loader = None
         if settings.data == "loader":
@@ -92,7 +95,7 @@ def paratrain_loop(spec: ModelSpec, config: Config, settings: Settings) -> Loop:
         run.close()
         raise
     return Loop(
-        step=lambda x, y: _paratrain_step(run, model, optimizer, spec, x, y),
+        step=lambda x, y: _paratrain_step(run, model, optimizer, spec, x, y, loss_fn is None),
         batches=_batches(spec, settings, run.device, loader, run.epochs(2**62)),
         device=run.device,
         close=run.close,
@@ -107,9 +110,10 @@ def _paratrain_step(
     spec: ModelSpec,
     x: Any,
     y: torch.Tensor,
+    outside: bool,
 ) -> None:
     with run.accumulate(model):
-        run.backward(model(x, target=y))  # loss_fn=spec.loss: the loss under every strategy
+        run.backward(spec.loss(model(x), y) if outside else model(x, target=y))
     run.step(optimizer)
 
 

@@ -95,7 +95,7 @@ def run_group(
             start_method="spawn",
             group=FileGroup(backend=backend, timeout_s=300),
             timeout_s=None,  # a large model may take long; a dead rank still ends the group
-            threads=max(1, (os.cpu_count() or 1) // nproc),
+            threads=settings.threads or max(1, (os.cpu_count() or 1) // nproc),
             results="main",
         )
     except RankFailedError as err:

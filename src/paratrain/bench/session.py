@@ -92,6 +92,7 @@ def run_bench(args: argparse.Namespace) -> int:
         budget_s=args.budget,
         spread=args.spread,
         compare=tuple(compare),
+        threads=args.threads,
     )
     run_dir = args.run_dir or Path("runs/bench") / time.strftime("%Y%m%d-%H%M%S")
     make_folder(run_dir, "--run-dir")

@@ -62,7 +62,9 @@ class Windows:
 
     def begin(self, key: int, *, last: bool) -> Window:
         """Start a micro-batch of model ``key``; ``last`` when it is the pass's last one."""
-        window = self._windows.setdefault(key, Window(self.every))
+        window = self._windows.get(key)
+        if window is None:
+            window = self._windows[key] = Window(self.every)
         if window.open_block:
             raise ConfigError(
                 "run.accumulate(model) was entered again inside a run.accumulate block of the "

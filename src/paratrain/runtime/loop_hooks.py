@@ -77,6 +77,9 @@ class LoopHooks:
         """True once the global batch was derived and printed (the first training loader)."""
         self._in_pass: dict[int, tuple[int, int]] = {}
         self._stream_group: Any = None
+        self._settled = False
+        self._alone: bool | None = None
+        """True once :meth:`loop_action` has nothing left to do but tell the watchdog."""
         LoopHooks._runs_made += 1
         self._run_number = LoopHooks._runs_made
         """Which Run of this process this is: every rank makes its Runs in the same order, so
@@ -110,16 +113,22 @@ class LoopHooks:
         ``run.loader``): where a preemption signal becomes a checkpoint and exit 75."""
         run = self.run
         preemption = run.preemption
-        if preemption is None or run.windows.pending() or not run.tracked.units:
+        if preemption is None:
             return
-        store = None
-        if run.world_size > 1 and dist.is_initialized():
-            store = dist.distributed_c10d._get_default_store()
+        alone = self._alone
+        if alone is None:  # the group, when there is one, exists from the run's start
+            alone = self._alone = run.world_size == 1 or not dist.is_initialized()
+        if preemption.quiet(alone=alone):
+            return
+        if run.windows.pending() or not run.tracked.units:
+            return
+        store = None if alone else dist.distributed_c10d._get_default_store()
         attempt = run.checkpoints.parts.env.restart_count
         key = f"paratrain/preempt/{run.checkpoints.identity.run_id}/{attempt}/{self._run_number}"
-        if not preemption.agreed(store, key, run.loop.global_step):
-            return
         step = run.loop.global_step
+        rank = 0 if alone else dist.get_rank()
+        if not preemption.agreed(store, key, step, rank=rank, world=run.world_size):
+            return
         grace = run.config.preempt_grace_s
 
         def abandon() -> None:
@@ -163,7 +172,11 @@ class LoopHooks:
     def loop_action(self, *, saving: bool = False) -> None:
         """Called by every training action: resume after a restart, once; refuse another
         run's checkpoints when this run did not resume (``previous_run``), once; start the
-        profiler's step count (``Run(profile=...)``), once."""
+        profiler's step count (``Run(profile=...)``), once. Once all three are done, only the
+        watchdog hears of it (this runs several times a step)."""
+        if self._settled:
+            self.progress()
+            return
         self.resume_if_restarted()
         checkpoints = self.run.checkpoints
         if self.run.tracked.units and checkpoints.previous_run_pending():
@@ -174,6 +187,11 @@ class LoopHooks:
         profiler = self.run.profiler()
         if profiler is not None and not profiler.running and not profiler.done:
             profiler.start(self.run.loop.global_step)
+        self._settled = (
+            bool(self.run.tracked.units)
+            and not (checkpoints.auto_resume or checkpoints.previous_run_pending())
+            and (profiler is None or profiler.running or profiler.done)
+        )
         self.progress()
 
     def resume_if_restarted(self) -> None:
@@ -247,16 +265,19 @@ class LoopHooks:
         loader, not an auxiliary one read inside it). Micro-batches are counted per model from
         the start of that pass, so a wrapper that reads ahead ends the window neither early
         (the loader is done before the loop is) nor never (the pass ended a batch ago)."""
-        loaders = [ld for ld in self.run.tracked.loaders if ld.train]
-        running = [ld for ld in loaders if ld.in_progress]
         pass_id, count = self._in_pass.get(key, (-1, 0))
-        if running:
-            driver = min(running, key=lambda ld: ld.pass_id)
-        else:  # a wrapper that reads ahead has already finished the pass it is still handing out
-            ended = [ld for ld in loaders if ld.pass_id == pass_id]
-            if not ended:
+        driver = ended = None
+        for ld in self.run.tracked.loaders:
+            if not ld.train:
+                continue
+            if ld.in_progress and (driver is None or ld.pass_id < driver.pass_id):
+                driver = ld
+            elif ended is None and ld.pass_id == pass_id:
+                ended = ld
+        if driver is None:  # a wrapper that reads ahead has finished the pass it still hands out
+            if ended is None:
                 return False
-            driver = ended[0]
+            driver = ended
         count = count + 1 if pass_id == driver.pass_id else 1
         self._in_pass[key] = (driver.pass_id, count)
         return driver.pass_length is not None and count >= driver.pass_length
@@ -268,13 +289,16 @@ class LoopHooks:
         if new_round:
             if run.loop.stepped():
                 self.warn_mid_epoch_save()
-            if not any(ld.train for ld in run.tracked.loaders):
-                self.safe_point()  # no loader hands out batches: a step is the safe point
+            for loader in run.tracked.loaders:
+                if loader.train:
+                    break
+            else:  # no loader hands out batches: a step is the safe point
+                self.safe_point()
             profiler = run.profiler()
             if profiler is not None:
                 profiler.step()
         self.progress()
-        if stats is not None:
+        if stats is not None and stats.due(run.loop.global_step):
             loaders = run.tracked.loaders
             stats.step(
                 step=run.loop.global_step,

@@ -4,17 +4,21 @@ point, then the process exits with :data:`PREEMPTED_EXIT`.
     preemption = Preemption(("SIGTERM", "SIGUSR1"), grace_s=25.0, warn=console.warn)
     preemption.install()                   # main thread only; a second signal aborts at once
     ...
-    if preemption.agreed(store, key, step):   # at each safe point, on every rank
+    if preemption.agreed(store, key, step, rank=rank, world=world):   # at each safe point
         preemption.start_deadline(step)    # the save is abandoned past the grace period
         ...save...
 
 Kubernetes and Docker send SIGTERM and wait a grace period (30 s by default); Slurm sends
 SIGTERM, or a chosen signal ahead of time (``--signal=USR1@90``). The signal may reach every
-rank (torchrun passes its own on) or one rank only. So a rank that got it says so at the next
-safe point, in an all-reduce that runs in the background while the batch trains, and every rank
-reads the answer at the safe point after: all ranks stop at the same one. A safe point is where a
-save resumes exactly: before the training loader hands out its next batch (no accumulation window
-open), or after an optimizer step of a loop without ``run.loader``.
+rank (torchrun passes its own on) or one rank only. So a rank that got it raises a flag in the
+job's key-value store; every rank that sees the flag notes its step there, and once all have,
+each stops at the safe point of the same step, a few steps past the latest noted one. No
+collective is added to the training step. A safe point is where a save resumes exactly: before
+the training loader hands out its next batch (no accumulation window open), or after an
+optimizer step of a loop without ``run.loader``.
+
+Reading the store is a network round trip (25 µs on one machine), so until the flag is up a rank
+looks at it at most every :data:`CHECK_EVERY_S` seconds, not at every batch.
 """
 
 from __future__ import annotations
@@ -29,8 +33,10 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 AHEAD = 3
-"""Steps between a rank's signal and the step every rank stops at (ranks are at most one step
-apart, so each sees the target before it gets there)."""
+"""Steps between the latest step a rank noted and the step every rank stops at (ranks are at
+most one step apart, so each learns the stop step before it gets there)."""
+CHECK_EVERY_S = 0.01
+"""Seconds between two looks at the store's flag by one rank, until the flag is up."""
 PREEMPTED_EXIT = 75
 """The exit code of a preempted process: "temporary failure, retry" (``EX_TEMPFAIL``). A
 checkpoint at the step reached is committed (or, past the grace period, the previous one stays
@@ -51,6 +57,9 @@ class Preemption:
         self._previous: dict[signal.Signals, Any] = {}
         self._posted = False
         self._target: int | None = None
+        self._flag_seen = False
+        self._noted = False
+        self._looked_at = -CHECK_EVERY_S
         self._deadline: threading.Timer | None = None
 
     def install(self) -> None:
@@ -87,22 +96,46 @@ class Preemption:
         signal.signal(sig, signal.SIG_DFL)
         os.kill(os.getpid(), sig)
 
-    def agreed(self, store: Any, key: str, step: int) -> bool:
+    def quiet(self, *, alone: bool) -> bool:
+        """True when a safe point has nothing to do (no store read): no signal here and, with
+        other ranks, no flag seen and the last look less than :data:`CHECK_EVERY_S` ago."""
+        if self.received is not None or self._target is not None:
+            return False
+        if alone:
+            return True
+        return not self._flag_seen and time.monotonic() - self._looked_at < CHECK_EVERY_S
+
+    def agreed(self, store: Any, key: str, step: int, *, rank: int = 0, world: int = 1) -> bool:
         """Whether this rank stops here, at optimizer step ``step``. One process (``store``
-        None): once a signal came. Several: the first rank that got a signal posts, in the
-        job's key-value store under ``key``, a step :data:`AHEAD` steps on; every rank stops at
-        its first safe point at or past it. Ranks are at most a step apart (each step's
-        gradients are all-reduced), so each reads the target before it reaches it, and no
-        collective is needed that ranks with unequal safe points would mismatch."""
+        None): once a signal came. Several: a rank with a signal raises ``key/flag`` in the
+        job's key-value store; each rank that sees it notes its step, and once all ``world``
+        have, every rank stops at its first safe point at or past the latest noted step +
+        :data:`AHEAD`. Ranks are at most a step apart (each step's gradients are all-reduced)
+        and read the store at every safe point once the flag is up, so when the last rank
+        notes its step, the others are at most one step past it and learn the stop step at
+        their next safe point, before they reach it."""
         if store is None:
             return self.received is not None
-        if self.received is not None and not self._posted:
-            self._posted = True
-            if store.add(f"{key}/asked", 1) == 1:  # the first rank to ask sets the step
-                store.set(f"{key}/step", str(step + AHEAD))
-        if self._target is None and store.check([f"{key}/step"]):
-            self._target = int(store.get(f"{key}/step"))
+        if self._target is None:
+            self._target = self._read_target(store, key, step, rank, world)
         return self._target is not None and step >= self._target
+
+    def _read_target(self, store: Any, key: str, step: int, rank: int, world: int) -> int | None:
+        if self.received is not None and not self._flag_seen:
+            store.set(f"{key}/flag", "1")
+            self._flag_seen = True
+        if not self._flag_seen:
+            self._looked_at = time.monotonic()
+            self._flag_seen = store.check([f"{key}/flag"])
+            if not self._flag_seen:
+                return None
+        if not self._noted:
+            self._noted = True
+            store.set(f"{key}/step/{rank}", str(step))
+            store.add(f"{key}/noted", 1)
+        if store.add(f"{key}/noted", 0) < world:
+            return None
+        return max(int(store.get(f"{key}/step/{r}")) for r in range(world)) + AHEAD
 
     def start_deadline(self, on_expiry: Callable[[], None]) -> None:
         """Call ``on_expiry`` (which must end the process) when the grace period, counted from

@@ -81,7 +81,7 @@ class Registry:
     def unit_of(self, optimizer: Optimizer) -> Unit | None:
         """The unit ``optimizer`` belongs to (None: not registered)."""
         for unit in self.units:
-            if any(o is optimizer for o in unit.optimizers):
+            if optimizer in unit.optimizers:  # optimizers compare by identity
                 return unit
         return None
 

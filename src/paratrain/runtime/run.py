@@ -341,29 +341,23 @@ class Run(RunBase):
         self._hooks.loop_action()
         return self.console.progress(iterable, desc=desc or f"epoch {self.loop.epoch}")
 
-    @contextlib.contextmanager
-    def accumulate(self, model: nn.Module) -> Iterator[None]:
-        """Run one micro-batch of ``model``; its gradients sync only on a window's last one."""
+    def accumulate(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
+        """Run one micro-batch of ``model``; its gradients sync only on a window's last one.
+
+        with run.accumulate(model):
+            run.backward(model(x, target=y))
+        """
         self._hooks.loop_action()
-        wrapped = self._set_up(model).module  # no_sync works on the wrapper, not the inner model
-        key = id(wrapped)
-        window = self._windows.begin(key, last=self._hooks.last_micro_batch(key))
-        try:
-            if window.sync:
-                yield
-            else:
-                with self.strategy.no_sync(wrapped):
-                    yield
-        finally:
-            self._windows.end(key)
+        return _MicroBatch(self, self._set_up(model).module)
 
     def backward(self, loss: torch.Tensor, **backward_kwargs: Any) -> None:
         """``loss.backward(**backward_kwargs)`` with the loss divided by ``grad_accum`` and
         scaled for fp16 (``retain_graph=``, ``inputs=``, ``create_graph=`` pass through)."""
         self._hooks.loop_action()
-        if getattr(loss, "_paratrain_pipeline", False):
-            return  # the pipeline's schedule ran this backward already, micro-batch by micro-batch
-        if self.strategy.partial_model:
+        strategy = self.strategy
+        if strategy.partial_model:
+            if getattr(loss, "_paratrain_pipeline", False):
+                return  # the pipeline's schedule ran this backward, micro-batch by micro-batch
             raise ConfigError(
                 "run.backward got a tensor that is not the loss the pipeline returned (a loss "
                 "scaled, summed with another term, or computed outside model(x, target=y)). The "
@@ -373,8 +367,13 @@ class Run(RunBase):
             )
         if self.loop.grad_accum > 1:
             loss = loss / self.loop.grad_accum
-        with self.strategy.loss_context():  # loss parallel: its backward is a DTensor op too
-            self.precision.scale(loss).backward(**backward_kwargs)  # type: ignore[no-untyped-call]
+        if self.precision.scaler is not None:
+            loss = self.precision.scaler.scale(loss)
+        if strategy.loss_parallel:  # split logits: the loss's backward is a DTensor op too
+            with strategy.loss_context():
+                loss.backward(**backward_kwargs)  # type: ignore[no-untyped-call]
+        else:
+            loss.backward(**backward_kwargs)  # type: ignore[no-untyped-call]
 
     def step(self, optimizer: Optimizer, scheduler: Any = None) -> bool:
         """At the end of ``optimizer``'s window: unscale, clip, step, zero_grad, step the
@@ -410,6 +409,9 @@ class Run(RunBase):
 
     def _set_up(self, model: nn.Module) -> Unit:
         """The unit of ``model`` as run.setup returned it, or of the module inside it."""
+        for unit in self.tracked.units:  # the model run.setup returned: the usual case, first
+            if model is unit.module:
+                return unit
         model = getattr(model, "_orig_mod", model)  # torch.compile(model) of a set-up model
         for unit in self.tracked.units:
             if model is unit.module or model is self.strategy.unwrap(unit.module):
@@ -515,6 +517,8 @@ class Run(RunBase):
                 self.console.warn(unfinished)
         if hasattr(self, "_checkpoints"):
             self._checkpoints.close()
+        if getattr(self, "_stats", None) is not None:
+            self._stats.close()  # type: ignore[union-attr]
 
     def __enter__(self) -> Run:
         return self
@@ -522,3 +526,32 @@ class Run(RunBase):
     def __repr__(self) -> str:
         where = f"rank={self.rank}, world_size={self.world_size}, device={str(self.device)!r}"
         return f"Run(strategy={self.strategy.name!r}, {where}, run_dir={str(self.run_dir)!r})"
+
+
+class _MicroBatch:
+    """The block of one micro-batch (``run.accumulate``): a class rather than a generator, as
+    it runs at every step (a generator-based context manager costs a microsecond more)."""
+
+    __slots__ = ("_no_sync", "_run", "_wrapped")
+
+    def __init__(self, run: Run, wrapped: nn.Module) -> None:
+        self._run, self._wrapped = run, wrapped  # no_sync works on the wrapper
+        self._no_sync: contextlib.AbstractContextManager[Any] | None = None
+
+    def __enter__(self) -> None:
+        run, key = self._run, id(self._wrapped)
+        window = run._windows.begin(key, last=run._hooks.last_micro_batch(key))
+        if not window.sync:
+            try:
+                self._no_sync = run.strategy.no_sync(self._wrapped)
+                self._no_sync.__enter__()
+            except BaseException:
+                run._windows.end(key)
+                raise
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            if self._no_sync is not None:
+                self._no_sync.__exit__(*exc)
+        finally:
+            self._run._windows.end(id(self._wrapped))

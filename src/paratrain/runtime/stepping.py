@@ -84,6 +84,12 @@ class Stepper:
     def apply(self, optimizer: Optimizer, siblings: list[Optimizer], *, correction: float) -> bool:
         """Step ``optimizer``; the first of ``siblings`` (its model's optimizers) to step
         unscales, multiplies by ``correction`` and clips for all. True unless fp16 skipped."""
+        if len(siblings) == 1 and self.precision.scaler is None:  # the usual case, at once
+            if correction != 1.0 or self.max_grad_norm is not None:
+                self._prepare(siblings, correction)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            return True
         if id(optimizer) in self._prepared:
             self._prepared.discard(id(optimizer))
         else:
