@@ -190,7 +190,8 @@ class RunConfig:
     activation_checkpointing: ModulePolicy = ()
     """Module types (or a predicate) whose activations are recomputed in backward."""
     num_workers: int | None = None
-    """DataLoader workers per rank; default 0 on cpu, min(4, cores per rank) on cuda."""
+    """DataLoader workers per rank; default 0 on cpu and for in-memory datasets
+    (``TensorDataset``), else min(4, cores per rank - 1); on a GPU the choice is printed."""
     extra: dict[str, object] = field(default_factory=dict)
     """Free-form values recorded with the run (hyperparameters, notes): the main process writes
     them, with every other setting, to ``run_dir/run.json`` and the ``log_to`` trackers."""

@@ -19,7 +19,15 @@ import warnings
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import (
+    ConcatDataset,
+    DataLoader,
+    Dataset,
+    IterableDataset,
+    StackDataset,
+    Subset,
+    TensorDataset,
+)
 
 from paratrain.data.loader import DeviceLoader, LoaderHooks
 from paratrain.data.samplers import EvenBatchSampler, build_sampler, dataset_size
@@ -38,11 +46,42 @@ def check_batch_size(batch_size: object) -> int:
     return batch_size
 
 
-def default_workers(device: torch.device, local_world_size: int) -> int:
-    """0 on CPU (workers would compete with compute for cores), else min(4, cores per rank)."""
+def default_workers(
+    device: torch.device, local_world_size: int, dataset: object = None
+) -> tuple[int, str]:
+    """How many DataLoader workers a rank gets when ``num_workers`` is not given, and why.
+
+    default_workers(torch.device("cuda", 0), 8, TensorDataset(x, y))   # (0, "TensorDataset ...")
+
+    0 on CPU (workers would compete with the model for the cores) and for datasets that hold
+    their tensors in memory (a ``TensorDataset``, or a ``Subset``/``ConcatDataset`` of them):
+    indexing one in the training process costs microseconds, less than a worker spends handing
+    a batch over (pickling, a queue, a second copy). Otherwise min(4, cores per rank - 1).
+    """
     if device.type == "cpu":
-        return 0
-    return max(0, min(4, (os.cpu_count() or 1) // max(local_world_size, 1) - 1))
+        return 0, "on CPU, workers would compete with the model for the cores"
+    if in_memory(dataset):
+        return 0, (
+            f"a {type(dataset).__name__} holds its tensors in memory: indexing it here is "
+            "cheaper than handing batches over from worker processes"
+        )
+    cores = (os.cpu_count() or 1) // max(local_world_size, 1)
+    return max(0, min(4, cores - 1)), f"min(4, {cores} cores per rank - 1)"
+
+
+def in_memory(dataset: object) -> bool:
+    """Whether ``dataset`` is a ``TensorDataset``, or a ``Subset``/``ConcatDataset``/
+    ``StackDataset`` made only of them."""
+    if isinstance(dataset, TensorDataset):
+        return True
+    if isinstance(dataset, Subset):
+        return in_memory(dataset.dataset)
+    if isinstance(dataset, ConcatDataset):
+        return all(in_memory(d) for d in dataset.datasets)
+    if isinstance(dataset, StackDataset):
+        parts = dataset.datasets
+        return all(in_memory(d) for d in (parts.values() if isinstance(parts, dict) else parts))
+    return False
 
 
 def _defaults(
@@ -52,12 +91,21 @@ def _defaults(
     num_workers: int | None,
     *,
     persistent: bool,
+    dataset: object = None,
+    hooks: LoaderHooks | None = None,
+    name: str = "loader",
 ) -> tuple[int, bool]:
     """Fill the DataLoader defaults into ``kwargs``; (workers, whether the run owns the
-    generator that seeds them)."""
-    workers = (
-        default_workers(device, topology.local_world_size) if num_workers is None else num_workers
-    )
+    generator that seeds them). On a GPU, the worker count chosen is said (``hooks.note``)."""
+    if num_workers is None:
+        workers, why = default_workers(device, topology.local_world_size, dataset)
+        if hooks is not None and device.type != "cpu":
+            hooks.note(
+                f"paratrain: {name}: {workers} DataLoader worker(s) per rank ({why}); pass "
+                "num_workers= to choose"
+            )
+    else:
+        workers = num_workers
     kwargs.setdefault("pin_memory", device.type == "cuda")
     kwargs.setdefault("persistent_workers", persistent and workers > 0)
     owns_generator = "generator" not in kwargs
@@ -111,7 +159,10 @@ def make_loader(
                 f"run.loader chooses the {reserved} itself, so ranks get disjoint data. Drop "
                 f"{reserved}=..., or build your own DataLoader and skip run.loader."
             )
-    workers, owns_generator = _defaults(kwargs, device, topology, num_workers, persistent=True)
+    workers, owns_generator = _defaults(
+        kwargs, device, topology, num_workers, persistent=True, dataset=dataset, hooks=hooks,
+        name=name,
+    )  # fmt: skip
     rank, world = data_rank, data_size  # ranks of one tp group read the same share
     if train:
         sampler = build_sampler(

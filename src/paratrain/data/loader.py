@@ -114,6 +114,10 @@ class LoaderHooks(Protocol):
         """A warning from the main process."""
         ...
 
+    def note(self, message: str) -> None:
+        """A line of information from the main process."""
+        ...
+
     def stream_group(self) -> Any:
         """A gloo process group of all ranks for streams to agree on (None: one process)."""
         ...
@@ -161,6 +165,7 @@ class DeviceLoader(Generic[T]):
         """The current (or last) pass; saved with every checkpoint."""
         self.in_progress = False
         """True while a pass is being iterated."""
+        self._live: Any = None  # the DataLoader iterator of the latest pass
         self.pass_id = -1
         """Increases with every pass of any loader: the earliest running pass drives the epoch."""
         self.pass_length: int | None = None
@@ -299,6 +304,19 @@ class DeviceLoader(Generic[T]):
             raise AttributeError(name)
         return getattr(self.loader, name)
 
+    def shutdown_workers(self) -> None:
+        """Stop this loader's worker processes (persistent ones, or those of a pass left
+        unfinished), as the run closes. Left to the garbage collector, a worker iterator of a
+        closed run may be collected inside the worker processes of a later loader (they are
+        forked with a copy of it), where it prints "can only test a child process"."""
+        for iterator in (getattr(self.loader, "_iterator", None), self._live):
+            shutdown = getattr(iterator, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
+        if getattr(self.loader, "_iterator", None) is not None:
+            self.loader._iterator = None
+        self._live = None
+
     # -- iteration -----------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         # First: a restarted run resumes here (loop_action), so the pass chosen below starts
@@ -405,7 +423,7 @@ class DeviceLoader(Generic[T]):
         self.in_progress = True
         batches = 0
         try:
-            iterator = iter(self.loader)
+            iterator = self._live = iter(self.loader)
             if self.stream is not None:  # the workers have their copies: a resume is for one pass
                 self.stream.resume_at = None
             while True:
@@ -442,6 +460,7 @@ class DeviceLoader(Generic[T]):
                 self.position.finished = True
         finally:
             self.in_progress = False
+            self._live = None
             if self.train:  # `next(iter(loader))` ends its pass before the step: none counted
                 self._pass_steps = self.hooks.current_step() - self._pass_first_step
                 if self.pass_length is not None and batches >= self.pass_length:

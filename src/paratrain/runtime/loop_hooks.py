@@ -154,6 +154,10 @@ class LoopHooks:
         """A warning from the main process."""
         self.run.console.warn(message)
 
+    def note(self, message: str) -> None:
+        """A line of information from the main process."""
+        self.run.console.print(message)
+
     def stream_group(self) -> Any:
         """A gloo group of all ranks on which streams agree to end a pass together (made once,
         when the first stream's loader is built on every rank; None in one process)."""

@@ -519,6 +519,9 @@ class Run(RunBase):
             self._checkpoints.close()
         if getattr(self, "_stats", None) is not None:
             self._stats.close()  # type: ignore[union-attr]
+        if hasattr(self, "tracked"):
+            for loader in self.tracked.loaders:
+                loader.shutdown_workers()
 
     def __enter__(self) -> Run:
         return self
