@@ -115,7 +115,9 @@ def test_bench_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     )
     out = capsys.readouterr().out
     assert code == 0
-    assert "| ddp | fp32 | 2 |" in out and "skipped: strategy 'dp' needs CUDA GPUs" in out
+    assert (
+        "| ddp | fp32 | contiguous | 2 |" in out and "skipped: strategy 'dp' needs CUDA GPUs" in out
+    )
     data = json.loads((tmp_path / "bench.json").read_text())
     assert data["meta"]["model"]["name"] == "mlp" and data["meta"]["flops_per_sample"] > 0
     rows = {(r["strategy"], r["nproc"]): r for r in data["results"]}
@@ -133,8 +135,11 @@ def test_bench_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
         "step_ms_p90",
         "scaling_efficiency",
         "model_tflops",
+        "measured_peak_tflops",
+        "mfu_measured",
     ):
         assert ddp2[key] > 0, key
+    assert ddp2["layout"] == "contiguous" and ddp2["block_steps"] >= 1
     assert len(ddp2["peak_memory_mb"]) == 2 and min(ddp2["peak_memory_mb"]) > 10
     assert ddp2["step_ms_p90"] >= ddp2["step_ms_p50"]
     assert "skipped" in rows[("cpu", 2)] and "skipped" in rows[("dp", 1)]
@@ -229,7 +234,8 @@ def test_peers_are_measured_in_the_same_rounds(
     data = json.loads((tmp_path / "bench.json").read_text())
     assert data["meta"]["settings"]["compare"] == ["accelerate", "fabric"]
     for row in data["results"]:
-        assert row["overhead_ratio"] > 0 and row["pairs"] >= 3  # paratrain's keys stay
+        assert row["overhead_ratio"] > 0 and row["pairs"] >= 2  # paratrain's keys stay
+        assert row["pairs"] >= 3 or row["out_of_time"]  # the 2 s budget may end the rounds
         assert set(row["peers"]) == {"accelerate", "fabric"}
         for name, peer in row["peers"].items():
             assert peer["samples_per_s"] > 0, (name, row["nproc"])
@@ -357,3 +363,32 @@ def test_the_allocator_is_held_steady_for_measurements() -> None:
     from paratrain.bench.measure import steady_allocator
 
     assert steady_allocator() is (platform.libc_ver()[0] == "glibc")
+
+
+def test_blocks_shrink_to_fit_the_budget() -> None:
+    from paratrain.bench.loops import Settings
+    from paratrain.bench.measure import block_steps
+
+    settings = Settings(32, steps=20, warmup=10, rounds=8, data="synthetic", budget_s=60)
+    assert block_steps(settings, elapsed_s=5.0, step_s=0.001, loops=2) == 20  # fits as asked
+    assert block_steps(settings, elapsed_s=10.0, step_s=1.5, loops=2) == 2  # 50 s / 16 / 1.5
+    assert block_steps(settings, elapsed_s=59.0, step_s=1.5, loops=4) == 1  # one step at least
+    assert block_steps(settings, elapsed_s=90.0, step_s=1.5, loops=4) == 1
+
+
+def test_conv_models_run_channels_last_on_a_gpu_only_unless_asked() -> None:
+    import torch
+
+    from paratrain.bench.loops import Settings
+    from paratrain.bench.measure import memory_format
+    from paratrain.bench.models import build_spec
+
+    cnn = build_spec("cnn", width=8, depth=1, image_size=8)
+    mlp = build_spec("mlp", width=8, depth=1)
+    auto = Settings(8, steps=2, warmup=1, rounds=2, data="synthetic")
+    gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert memory_format(cnn, auto, gpu) == "channels_last"
+    assert memory_format(cnn, auto, cpu) == "contiguous"
+    assert memory_format(mlp, auto, gpu) == "contiguous"
+    off = Settings(8, steps=2, warmup=1, rounds=2, data="synthetic", memory_format="contiguous")
+    assert memory_format(cnn, off, gpu) == "contiguous"

@@ -57,7 +57,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--budget",
         type=float_in(1.0, 86400.0),
         default=60.0,
-        help="seconds per configuration before the result is marked too noisy",
+        help="seconds per configuration, warm-up included: blocks shrink to fit the rounds in, "
+        "and a ratio still too wide then is marked, not waited for (default 60)",
     )
     p.add_argument(
         "--compare",
@@ -81,6 +82,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         type=int_in(1, 1024),
         default=None,
         help="torch threads per rank (default: the cores divided among the ranks)",
+    )
+    p.add_argument(
+        "--memory-format",
+        choices=("auto", "channels_last", "contiguous"),
+        default="auto",
+        help="layout of images and conv weights in every loop; auto: channels_last (with "
+        "cudnn.benchmark) for conv models on a GPU, contiguous otherwise",
     )
     p.add_argument("--no-plot", action="store_true", help="write no PNG plots")
     p.add_argument("--profile", action="store_true", help="torch.profiler trace of one config")

@@ -63,6 +63,9 @@ class Settings:
     """Peers measured in the same rounds: ``accelerate``, ``fabric`` (see ``bench.peers``)."""
     threads: int | None = None
     """torch threads per rank (None: the cores divided among the ranks)."""
+    memory_format: str = "auto"
+    """``channels_last`` (with ``cudnn.benchmark``), ``contiguous``, or ``auto``: channels_last
+    for convolutional models on a GPU, as the tutorials recommend, contiguous otherwise."""
 
 
 @dataclass

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import io
 import itertools
 import random
@@ -308,18 +309,30 @@ def steady_allocator() -> bool:
 
 
 def measure_config(spec: ModelSpec, config: Config, settings: Settings) -> dict[str, Any]:
-    """Rounds of blocks of every loop until paratrain's ratio is known to ``±spread``.
+    """Rounds of blocks of every loop until paratrain's ratio is known to ``±spread``, within
+    ``budget_s`` (warm-up included).
 
-    Returns throughput, step-time quantiles, memory, the median ratio with its interval, a
-    noisy flag and, with ``settings.compare``, ``peers``: each peer's throughput and ratio.
+    Returns throughput, step-time quantiles, memory, the layout, the median ratio with its
+    interval, a noisy flag (and ``out_of_time`` when the budget ended the rounds before
+    ``rounds`` pairs) and, with ``settings.compare``, ``peers``: each peer's throughput and
+    ratio.
     """
     steady_allocator()
+    started = time.perf_counter()
     device = bench_device()
+    layout = memory_format(spec, settings, device)
+    if layout == "channels_last":
+        spec = _channels_last(spec)
+    torch.backends.cudnn.benchmark = layout == "channels_last" and device.type == "cuda"
     reset_peak_memory(device)
+    loops = 2 + len(settings.compare)
     with contextlib.ExitStack() as stack:
         ours = paratrain_loop(spec, config, settings)
         stack.callback(ours.close)
-        _timed_steps(ours, settings.warmup)
+        step_s = _warm_up(ours, settings.warmup)
+        # The others warm up as long as paratrain's loop did, within a quarter of the budget.
+        warmup = max(1, min(settings.warmup, int(settings.budget_s / 4 / loops / step_s)))
+        settings = dataclasses.replace(settings, warmup=warmup)
         memory = peak_memory_mb(device)  # paratrain's loop alone, before the reference exists
         ref = reference_loop(spec, config, settings)
         _timed_steps(ref, settings.warmup)
@@ -329,7 +342,13 @@ def measure_config(spec: ModelSpec, config: Config, settings: Settings) -> dict[
             from paratrain.bench.peers import start_peers
 
             peers, skipped = start_peers(settings.compare, spec, config, settings, stack)
-        rounds, step_times, noisy = _rounds([ours, ref, *peers.values()], settings)
+        every = [ours, ref, *peers.values()]
+        if layout == "channels_last":
+            for loop in every:
+                loop.step = _channels_last_inputs(loop.step)
+        steps = block_steps(settings, _agreed([time.perf_counter() - started])[0], step_s, loops)
+        settings = dataclasses.replace(settings, steps=steps)
+        rounds, step_times, noisy, short = _rounds(every, settings, started)
     world = dist.get_world_size() if dist.is_initialized() else 1
     shared = {"tp": world, "pipeline": world, "fsdp_tp": 2}.get(config.strategy, 1)
     data_ranks = world // shared  # a tp group or a pipeline shares one batch
@@ -344,6 +363,9 @@ def measure_config(spec: ModelSpec, config: Config, settings: Settings) -> dict[
         "ratio_high": high,
         "pairs": len(rounds),
         "noisy": noisy,
+        "out_of_time": short,
+        "block_steps": settings.steps,
+        "layout": layout,
         "step_ms_p50": 1000 * step_times[len(step_times) // 2],
         "step_ms_p90": 1000 * step_times[min(len(step_times) - 1, int(len(step_times) * 0.9))],
         "peak_memory_mb": _gathered(memory),
@@ -358,15 +380,18 @@ def measure_config(spec: ModelSpec, config: Config, settings: Settings) -> dict[
     return result
 
 
-def _rounds(loops: list[Loop], settings: Settings) -> tuple[list[list[float]], list[float], bool]:
-    """Block times per round (one per loop, the maximum over ranks), loop 0's step times, and
-    whether the budget ran out before the ratio of loop 1 to loop 0 was known to ``±spread``.
+def _rounds(
+    loops: list[Loop], settings: Settings, start: float
+) -> tuple[list[list[float]], list[float], bool, bool]:
+    """Block times per round (one per loop, the maximum over ranks), loop 0's step times,
+    whether the ratio of loop 1 to loop 0 was not known to ``±spread`` when the rounds ended,
+    and whether the budget (counted from ``start``) ended them before ``settings.rounds``
+    pairs. Two rounds at least.
 
     Round ``r`` runs the loops starting at index ``r % len(loops)``.
     """
     rounds: list[list[float]] = []
     step_times: list[float] = []
-    start = time.perf_counter()
     while True:
         times = [0.0] * len(loops)
         for k in range(len(loops)):
@@ -377,14 +402,70 @@ def _rounds(loops: list[Loop], settings: Settings) -> tuple[list[list[float]], l
                 step_times += block
         *agreed, elapsed = _agreed([*times, time.perf_counter() - start])
         rounds.append(agreed)
-        if len(rounds) < max(2, settings.rounds):
+        if len(rounds) < 2:
             continue
         ratios = [t[1] / t[0] for t in rounds]
         low, high = median_interval(ratios)
-        if (high - low) / 2 <= settings.spread * statistics.median(ratios):
-            return rounds, step_times, False
+        narrow = (high - low) / 2 <= settings.spread * statistics.median(ratios)
+        enough = len(rounds) >= settings.rounds
+        if narrow and enough:
+            return rounds, step_times, False, False
         if elapsed >= settings.budget_s or len(rounds) >= _MAX_PAIRS:
-            return rounds, step_times, True
+            return rounds, step_times, not narrow, not enough
+
+
+def _warm_up(loop: Loop, steps: int) -> float:
+    """Run up to ``steps`` warm-up steps of ``loop``; the step time (the slowest rank's) after
+    the first, which allocates and picks kernels. Every rank runs the same number."""
+    _timed_steps(loop, 1)
+    if steps <= 1:
+        return _agreed([max(_timed_steps(loop, 1)[0], 1e-6)])[0]
+    probe = _agreed([statistics.median(_timed_steps(loop, min(3, steps - 1)))])[0]
+    return _agreed([statistics.median([probe, *_timed_steps(loop, max(0, steps - 4))])])[0]
+
+
+def block_steps(settings: Settings, elapsed_s: float, step_s: float, loops: int) -> int:
+    """Steps per timed block: ``settings.steps``, or fewer so that ``settings.rounds`` rounds
+    of ``loops`` blocks fit in what is left of the budget (one at least).
+
+    block_steps(Settings(32, 20, 10, 8, "synthetic", budget_s=60), 10.0, 1.5, 2)   # 2
+    """
+    left = max(settings.budget_s - elapsed_s, 0.0)
+    fit = int(left / (max(settings.rounds, 2) * loops * max(step_s, 1e-9)))
+    return max(1, min(settings.steps, fit))
+
+
+def memory_format(spec: ModelSpec, settings: Settings, device: torch.device) -> str:
+    """``channels_last`` or ``contiguous``: as asked, or (``auto``) channels_last for a model
+    with 2-D convolutions on a GPU."""
+    if settings.memory_format != "auto":
+        return settings.memory_format
+    with torch.device("meta"):
+        model = spec.build()
+    convolutional = any(isinstance(m, nn.Conv2d) for m in model.modules())
+    return "channels_last" if convolutional and device.type == "cuda" else "contiguous"
+
+
+def _channels_last(spec: ModelSpec) -> ModelSpec:
+    """``spec`` whose models are built in channels_last."""
+    build = spec.build
+
+    def channels_last() -> nn.Module:
+        model: nn.Module = build().to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+        return model
+
+    return dataclasses.replace(spec, build=channels_last)
+
+
+def _channels_last_inputs(step: Any) -> Any:
+    """``step`` fed 4-D inputs in channels_last, as the tutorials' loops convert them."""
+
+    def converted(x: Any, y: torch.Tensor) -> None:
+        if isinstance(x, torch.Tensor) and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        step(x, y)
+
+    return converted
 
 
 def _peer_stats(

@@ -19,6 +19,7 @@ from paratrain.errors import EnvironmentMismatchError
 COLUMNS = (
     "strategy",
     "precision",
+    "layout",
     "ranks",
     "samples/s",
     "step p50 ms",
@@ -47,10 +48,10 @@ def _columns(peers: list[str]) -> list[str]:
 
 
 def _cells(row: dict[str, Any], peers: list[str]) -> list[str]:
-    head = [row["strategy"], row["precision"], str(row["nproc"])]
+    head = [row["strategy"], row["precision"], row.get("layout", "-"), str(row["nproc"])]
     if "samples_per_s" not in row:
         reason = row.get("skipped") or row.get("error") or "no result"
-        return head + [f"skipped: {reason}"] + [""] * (len(_columns(peers)) - 4)
+        return head + [f"skipped: {reason}"] + [""] * (len(_columns(peers)) - 5)
     return _own_cells(row, head) + [c for name in peers for c in _peer_cells(row, name)]
 
 
@@ -86,6 +87,8 @@ def _ratio(row: dict[str, Any]) -> str:
         text += f" ({row['ratio_low']:.3f}–{row['ratio_high']:.3f})"
     if row.get("noisy"):
         text += " too noisy"
+    if row.get("out_of_time"):
+        text += f" (budget spent after {row['pairs']} pairs)"
     return text
 
 

@@ -4,6 +4,7 @@ against the hand-written loop, print the table, write JSON and plots (see :mod:`
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -93,6 +94,7 @@ def run_bench(args: argparse.Namespace) -> int:
         spread=args.spread,
         compare=tuple(compare),
         threads=args.threads,
+        memory_format=args.memory_format,
     )
     run_dir = args.run_dir or Path("runs/bench") / time.strftime("%Y%m%d-%H%M%S")
     make_folder(run_dir, "--run-dir")
@@ -107,11 +109,17 @@ def run_bench(args: argparse.Namespace) -> int:
     )
     flops = flops_per_sample(margs)
     device, peak = _device_peak()
+    measured: dict[tuple[str, int], float] = {}
     for row in rows:
         if "samples_per_s" in row:
             row["model_tflops"] = flops * row["samples_per_s"] / 1e12
             if peak and row["precision"] != "fp32":
                 row["mfu"] = row["model_tflops"] / (peak.tflops * row["nproc"])
+            key = (row["precision"], row["nproc"])
+            if key not in measured:
+                measured[key] = measured_peak(row["precision"], row["nproc"], settings.threads)
+            row["measured_peak_tflops"] = measured[key]
+            row["mfu_measured"] = row["model_tflops"] / measured[key]
     meta = {
         "paratrain": __version__,
         "torch": torch.__version__,
@@ -131,6 +139,23 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def measured_peak(precision: str, nproc: int, threads: int | None) -> float:
+    """TFLOP/s of a large matmul in ``precision`` on the hardware ``nproc`` ranks used: each
+    rank's GPU, or the CPU cores they shared (``threads`` per rank)."""
+    from paratrain.doctor.measure import matmul_flops
+
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    if torch.cuda.is_available():
+        return matmul_flops("cuda", dtype) * nproc / 1e12
+    cores = os.cpu_count() or 1
+    before = torch.get_num_threads()
+    torch.set_num_threads(min(cores, nproc * (threads or max(1, cores // nproc))))
+    try:
+        return matmul_flops("cpu", dtype) / 1e12
+    finally:
+        torch.set_num_threads(before)
+
+
 def _device_peak() -> tuple[str, Peak | None]:
     """This machine's device name and, for a GPU paratrain knows, its bf16 datasheet peak."""
     if not torch.cuda.is_available():
@@ -142,7 +167,12 @@ def _device_peak() -> tuple[str, Peak | None]:
 def _print_flops(rows: list[dict[str, Any]]) -> None:
     for row in rows:
         if "model_tflops" in row:
-            mfu = f", MFU {row['mfu']:.1%}" if "mfu" in row else ""
+            mfu = f", MFU {row['mfu']:.1%} of the datasheet peak" if "mfu" in row else ""
+            if "mfu_measured" in row:
+                mfu += (
+                    f", {row['mfu_measured']:.1%} of the measured matmul peak "
+                    f"({row['measured_peak_tflops']:.3g} TFLOP/s)"
+                )
             print(
                 f"{row['strategy']} {row['precision']} x{row['nproc']}: "
                 f"{row['model_tflops']:.3f} model TFLOP/s{mfu}"

@@ -29,20 +29,31 @@ def _result(name: str, value: float, unit: str, expected: str, ok: bool) -> dict
     }
 
 
-def matmul(device: str) -> dict[str, Any]:
-    """Dense matmul throughput: fp32 on CPU, bf16 on GPU (judged against the GPU's peak)."""
+def matmul_flops(device: str, dtype: Any = None, *, seconds: float = 0.3) -> float:
+    """FLOP/s of a large square matmul on ``device`` (fp32 on CPU, bf16 on GPU by default):
+    the measured peak that ``paratrain bench`` reports model FLOP utilisation against.
+
+    matmul_flops("cuda", torch.float16) / 1e12     # TFLOP/s of this GPU's fp16 matmul
+    """
     import torch
 
-    n, dtype = (1024, torch.float32) if device == "cpu" else (8192, torch.bfloat16)
+    if dtype is None:
+        dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    n = 1024 if device == "cpu" else 8192
     a = torch.randn(n, n, device=device, dtype=dtype)
     a @ a  # the first call picks kernels and allocates
     _sync(device)
     reps, start = 0, time.perf_counter()
-    while time.perf_counter() - start < 0.3:
+    while time.perf_counter() - start < seconds:
         a @ a
         _sync(device)
         reps += 1
-    flops = 2 * n**3 * reps / (time.perf_counter() - start)
+    return 2 * n**3 * reps / (time.perf_counter() - start)
+
+
+def matmul(device: str) -> dict[str, Any]:
+    """Dense matmul throughput: fp32 on CPU, bf16 on GPU (judged against the GPU's peak)."""
+    flops = matmul_flops(device)
     if device == "cpu":
         return _result(
             "matmul fp32 (cpu)",
@@ -51,6 +62,8 @@ def matmul(device: str) -> dict[str, Any]:
             "> 1 GFLOP/s per core",
             flops / 1e9 > (os.cpu_count() or 1),
         )
+    import torch
+
     return gpu_matmul_verdict(torch.cuda.get_device_properties(0), flops / 1e12)
 
 
