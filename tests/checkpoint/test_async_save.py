@@ -76,3 +76,30 @@ def test_staging_copies_in_parallel_pieces_equal_plain_copies() -> None:
     copy_in_parallel(list(zip(targets, sources, strict=True)))
     for target, source in zip(targets, sources, strict=True):
         assert torch.equal(target, source)
+
+
+def test_the_first_async_save_copies_into_buffers_made_after_the_first_step(
+    tmp_path: Path,
+) -> None:
+    """The host buffers of the first save are allocated in the background after the first
+    optimizer step, so that save stalls no longer than later ones; what it writes is still
+    the state of its call."""
+    with pt.Run(
+        strategy="cpu", ckpt_dir=tmp_path / "ckpt", async_save=True, keep_last=None, progress=False
+    ) as run:
+        net = mlp()
+        model, opt = run.setup(net, torch.optim.AdamW(net.parameters(), lr=1e-2))
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        _train_steps(run, model, opt, sched, 1)
+        store: Any = run.store
+        assert store._preparing is not None
+        store._preparing.join()
+        spare = {b.data_ptr() for buffers in store._spare.values() for b in buffers}
+        want = {k: v.clone() for k, v in run.unwrap(model).state_dict().items()}
+        folder = run.save()
+        staged = {b.data_ptr() for b in store._staging.values() if b.numel()}
+        run.store.wait()
+    assert staged and staged <= spare  # every buffer of the save was made beforehand
+    assert not store._spare  # the leftovers are dropped
+    weights, _, step = _resumed(folder, tmp_path / "alone")
+    assert step == 1 and all(torch.equal(weights[k], v) for k, v in want.items())

@@ -109,6 +109,10 @@ class CheckpointStore:
         self._async_group: Any = None
         self._staging: dict[str, torch.Tensor] = {}
         self._copy_stream: Any = None
+        self._spare: dict[tuple[tuple[int, ...], torch.dtype, bool], list[torch.Tensor]] = {}
+        self._spare_lock = threading.Lock()
+        self._preparing: threading.Thread | None = None
+        self._spare_closed = False  # set by the first staging: spares left over are dropped
 
     def __repr__(self) -> str:
         return (
@@ -171,6 +175,16 @@ class CheckpointStore:
         tensors: list[torch.Tensor] = []
         _collect_tensors(tree, tensors)
         cuda = [t for t in tensors if t.is_cuda]
+        try:
+            return self._stage_tensors(tree, cuda)
+        finally:
+            with self._spare_lock:  # every buffer is kept by path from now on
+                self._spare_closed = True
+                self._spare.clear()
+
+    def _stage_tensors(
+        self, tree: Any, cuda: list[torch.Tensor]
+    ) -> tuple[Any, Callable[[], object]]:
         if not cuda:
             copies: list[tuple[torch.Tensor, torch.Tensor]] = []
             staged = self._copy_tree(tree, "", copies)
@@ -195,8 +209,7 @@ class CheckpointStore:
         if isinstance(tree, torch.Tensor):
             buffer = self._staging.get(path)
             if buffer is None or buffer.shape != tree.shape or buffer.dtype != tree.dtype:
-                buffer = torch.empty(tree.shape, dtype=tree.dtype, pin_memory=tree.is_cuda)
-                self._staging[path] = buffer
+                buffer = self._staging[path] = self._new_buffer(tree)
             if copies is None:
                 return buffer.copy_(tree.detach(), non_blocking=tree.is_cuda)
             copies.append((buffer, tree.detach()))
@@ -206,6 +219,43 @@ class CheckpointStore:
         if type(tree) in (list, tuple):
             return type(tree)(self._copy_tree(v, f"{path}/{i}", copies) for i, v in enumerate(tree))
         return tree
+
+    def prepare_staging(self, tensors: list[torch.Tensor]) -> None:
+        """Allocate, in a background thread, the host buffers an asynchronous save of
+        ``tensors`` will copy into (pinned for CUDA tensors; CPU ones written once, so that
+        their pages exist), once per store. Allocating 1 GiB of pinned memory takes about half
+        a second: without this, the first ``run.save()`` would stall for it. A save that
+        starts before the thread is done allocates what is not ready yet itself. DTensor
+        shards are skipped (sharded layouts save through DCP, which stages them itself)."""
+        if self._preparing is not None or self._staging:
+            return
+        wanted = [
+            (tuple(t.shape), t.dtype, t.is_cuda)
+            for t in tensors
+            if isinstance(t, torch.Tensor) and type(t).__name__ != "DTensor"
+        ]
+
+        def allocate() -> None:
+            for shape, dtype, pinned in wanted:
+                buffer = torch.empty(shape, dtype=dtype, pin_memory=pinned)
+                if not pinned:  # pinned pages are resident already; these fault in now
+                    buffer.zero_()
+                with self._spare_lock:
+                    if self._spare_closed:
+                        return
+                    self._spare.setdefault((shape, dtype, pinned), []).append(buffer)
+
+        self._preparing = threading.Thread(target=allocate, name="paratrain-staging", daemon=True)
+        self._preparing.start()
+
+    def _new_buffer(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A host buffer for ``tensor``: one :meth:`prepare_staging` made, or a new one."""
+        key = (tuple(tensor.shape), tensor.dtype, tensor.is_cuda)
+        with self._spare_lock:
+            spare = self._spare.get(key)
+            if spare:
+                return spare.pop()
+        return torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=tensor.is_cuda)
 
     def check_every_rank_called(self) -> None:
         """Refuse a save (or a step before one) that not every rank reached (collective)."""

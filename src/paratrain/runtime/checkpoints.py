@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from paratrain import faults
@@ -179,6 +180,21 @@ class RunCheckpoints:
             self._restart_recorded = True
             self._record_restart(resumed)
         return resumed
+
+    def prepare_async_save(self) -> None:
+        """With ``async_save``, on the main process: have the store allocate the host buffers
+        of the first save in the background (called after the first optimizer step, when the
+        optimizer state exists), so that save stalls no longer than later ones."""
+        p = self.parts
+        if not p.config.async_save or p.rank != 0:
+            return
+        tensors: list[torch.Tensor] = []
+        for unit in p.tracked.units:
+            tensors += unit.module.state_dict().values()
+            for optimizer in unit.optimizers:
+                for state in optimizer.state.values():
+                    tensors += [v for v in state.values() if isinstance(v, torch.Tensor)]
+        self.store.prepare_staging(tensors)
 
     def save_preempted(self, signal_name: str | None) -> Path | None:
         """The checkpoint of a preempted run: any save in flight drained, then one written

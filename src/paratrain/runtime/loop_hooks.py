@@ -79,6 +79,7 @@ class LoopHooks:
         self._stream_group: Any = None
         self._settled = False
         self._alone: bool | None = None
+        self._staging_prepared = False
         """True once :meth:`loop_action` has nothing left to do but tell the watchdog."""
         LoopHooks._runs_made += 1
         self._run_number = LoopHooks._runs_made
@@ -293,6 +294,9 @@ class LoopHooks:
         if new_round:
             if run.loop.stepped():
                 self.warn_mid_epoch_save()
+            if not self._staging_prepared:  # the optimizer state exists now
+                self._staging_prepared = True
+                run.checkpoints.prepare_async_save()
             for loader in run.tracked.loaders:
                 if loader.train:
                     break
