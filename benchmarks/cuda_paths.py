@@ -7,11 +7,15 @@ Checks (each against hand-written torch on the same GPU, same init, same data):
 - ``single`` with fp32, bf16 (autocast) and fp16 (autocast + GradScaler): losses and weights
   equal to the hand-written loop (bit-identical, deterministic algorithms on);
 - ``ddp`` and ``fsdp`` at world size 1 over nccl, fp32 and bf16: equal to the same loop;
-- ``fsdp_offload=True``: trains, and its parameters live on the CPU between steps;
+- ``fsdp_offload=True``: its parameters live on the CPU between steps, and over 150 AdamW steps
+  its losses equal those of the same run without offload (to 1e-4);
 - ``run.loader``: pinned host batches, delivered on the GPU;
-- ``async_save=True``: the stall of ``run.save()`` against one pinned device-to-host copy of
-  the same state (the ratio, lower is better), and the saved state equals the state at the call
-  although the weights change in place right after it;
+- ``async_save=True``: the stall of ``run.save()`` with the writer idle, against one pinned
+  device-to-host copy of the same state (target: ratio <= 1.2), the first save's stall too
+  (its buffers are made in the background after the first step: target <= 1.5 x the later
+  ones); saves back to back are reported (back-pressure: each waits for the previous write),
+  and every saved state equals the state at its call although the weights change in place
+  right after it;
 - a checkpoint written from GPU tensors resumes on the GPU and loads with
   ``pt.load_weights`` on the CPU.
 """
@@ -140,24 +144,35 @@ for _strategy in ("ddp", "fsdp"):
         check(f"{_strategy} x1 nccl {_precision} vs hand-written loop")(_one_rank)
 
 
-@check("fsdp_offload=True trains with its parameters on the CPU")
+@check("fsdp_offload=True: parameters on the CPU, 150 steps equal to no offload")
 def _offload() -> str:
-    with pt.Run(strategy="fsdp", fsdp_offload=True, backend="nccl", progress=False) as run:
-        net = _mlp()
-        model, opt = run.setup(net, torch.optim.AdamW(net.parameters(), lr=1e-3))
-        first = last = 0.0
-        for i, (x, y) in enumerate(_batches()):
-            loss = nn.functional.cross_entropy(model(x.to(run.device)), y.to(run.device))
-            run.backward(loss)
-            run.step(opt)
-            first, last = (loss.item(), last) if i == 0 else (first, loss.item())
-        devices = {
-            p.to_local().device.type if hasattr(p, "to_local") else p.device.type
-            for p in model.parameters()
-        }
+    curves, devices = {}, set()
+    for offload in (False, True):
+        with pt.Run(strategy="fsdp", fsdp_offload=offload, backend="nccl", progress=False) as run:
+            net = _mlp()
+            model, opt = run.setup(net, torch.optim.AdamW(net.parameters(), lr=1e-3))
+            batches = _batches()
+            losses = []
+            for i in range(150):
+                x, y = batches[i % len(batches)]
+                loss = nn.functional.cross_entropy(model(x.to(run.device)), y.to(run.device))
+                run.backward(loss)
+                run.step(opt)
+                losses.append(loss.item())
+            if offload:
+                devices = {
+                    p.to_local().device.type if hasattr(p, "to_local") else p.device.type
+                    for p in model.parameters()
+                }
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        curves[offload] = losses
+    gap = max(abs(a - b) for a, b in zip(curves[False], curves[True], strict=True))
     assert devices == {"cpu"}, devices
-    assert last < first, (first, last)
-    return f"parameters on {devices}, loss {first:.3f} -> {last:.3f}"
+    assert gap <= 1e-4, f"losses differ by {gap:.2e} (target <= 1e-4)"
+    first, last = curves[True][0], curves[True][-1]
+    assert last < first / 10, (first, last)
+    return f"parameters on {devices}, loss {first:.3f} -> {last:.4f}, max |dloss| {gap:.1e}"
 
 
 @check("run.loader pins host batches and delivers them on the GPU")
@@ -171,7 +186,7 @@ def _loader() -> str:
     return f"pin_memory on, batch on {x.device}"
 
 
-@check("async_save stall vs one pinned device-to-host copy; saved state is the call's")
+@check("async_save stall (writer idle) vs one pinned D2H copy; first save; state of each call")
 def _async() -> str:
     mib = int(os.environ.get("CUDA_PATHS_MIB", "1024"))
     layers = max(1, mib // 2 * 2**20 // (4096 * 4096 * 4))
@@ -191,38 +206,56 @@ def _async() -> str:
         for p in model.parameters():
             p.grad = torch.ones_like(p)
         run.step(opt)  # momentum buffers exist: weights + momentum = mib MiB
+        time.sleep(1.0)  # the training steps that come before a first save
         tensors = list(model.parameters()) + [s["momentum_buffer"] for s in opt.state.values()]
         pinned = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
-        copies, stalls, folders = [], [], []
-        for _ in range(5):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for dst, src in zip(pinned, tensors, strict=True):
-                dst.copy_(src, non_blocking=True)
-            torch.cuda.synchronize()
-            copies.append(time.perf_counter() - t0)
+        copies: list[float] = []
+        folders: list[tuple[Path, dict[str, torch.Tensor]]] = []
+
+        def timed_save() -> float:
             expected = {k: v.detach().cpu() for k, v in model.state_dict().items()}
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             folder = run.save()
-            stalls.append(time.perf_counter() - t0)
+            stall = time.perf_counter() - t0
             with torch.no_grad():  # in place, queued right after the save returned
                 for p in model.parameters():
                     p.mul_(0.5)
+            assert folder is not None
             folders.append((folder, expected))
+            return stall
+
+        stalls = []
+        for i in range(6):
+            run.store.wait()  # type: ignore[attr-defined]  # the writer is idle
+            stalls.append(timed_save())
+            if i:
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for dst, src in zip(pinned, tensors, strict=True):
+                    dst.copy_(src, non_blocking=True)
+                torch.cuda.synchronize()
+                copies.append(time.perf_counter() - t0)
+        run.store.wait()  # type: ignore[attr-defined]
+        pressed = [timed_save() for _ in range(3)]  # back to back: each waits for a write
         run.store.wait()  # type: ignore[attr-defined]
         for folder, expected in folders:
             fresh = nn.Sequential(*(nn.Linear(4096, 4096, bias=False) for _ in range(layers)))
             pt.load_weights(fresh, folder)
             for k, v in fresh.state_dict().items():
                 assert torch.equal(v, expected[k]), f"{folder.name}: {k} differs"
-    copy_s, stall_s = statistics.median(copies), statistics.median(stalls)
-    ratio = stall_s / copy_s
-    return (
-        f"{layers * 2 * 64} MiB of weights + momentum: stall {stall_s * 1e3:.1f} ms, one "
-        f"pinned D2H copy {copy_s * 1e3:.1f} ms, ratio {ratio:.2f} (target <= 1.2); "
-        "5 saves verified"
+    copy_s, stall_s = statistics.median(copies), statistics.median(stalls[1:])
+    ratio, first = stall_s / copy_s, stalls[0] / stall_s
+    first_ok = stalls[0] <= 1.5 * stall_s + 0.005  # 5 ms of slack: later stalls are a few ms
+    detail = (
+        f"{layers * 2 * 64} MiB of weights + momentum: stall {stall_s * 1e3:.1f} ms with the "
+        f"writer idle, one pinned D2H copy {copy_s * 1e3:.1f} ms, ratio {ratio:.2f} (target "
+        f"<= 1.2); first save {stalls[0] * 1e3:.1f} ms ({first:.2f} x, target <= 1.5 x + 5 ms); back to "
+        f"back {statistics.median(pressed) * 1e3:.0f} ms (back-pressure, not judged); "
+        f"{len(folders)} saves verified"
     )
+    assert ratio <= 1.2 and first_ok, detail
+    return detail
 
 
 @check("a GPU checkpoint resumes on the GPU and loads on the CPU")
