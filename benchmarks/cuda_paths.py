@@ -250,8 +250,9 @@ def _async() -> str:
     detail = (
         f"{layers * 2 * 64} MiB of weights + momentum: stall {stall_s * 1e3:.1f} ms with the "
         f"writer idle, one pinned D2H copy {copy_s * 1e3:.1f} ms, ratio {ratio:.2f} (target "
-        f"<= 1.2); first save {stalls[0] * 1e3:.1f} ms ({first:.2f} x, target <= 1.5 x + 5 ms); back to "
-        f"back {statistics.median(pressed) * 1e3:.0f} ms (back-pressure, not judged); "
+        f"<= 1.2); first save {stalls[0] * 1e3:.1f} ms ({first:.2f} x, target <= 1.5 x + "
+        f"5 ms); back to back {statistics.median(pressed) * 1e3:.0f} ms (back-pressure, not "
+        "judged); "
         f"{len(folders)} saves verified"
     )
     assert ratio <= 1.2 and first_ok, detail
