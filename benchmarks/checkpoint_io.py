@@ -243,7 +243,13 @@ def _fsdp_rank(mib: int, root: str, repeats: int) -> list[dict[str, float]]:
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     def build() -> tuple[pt.Run, nn.Module, torch.optim.Optimizer]:
-        run = pt.Run(strategy="fsdp", ckpt_dir=Path(root) / "pt", keep_last=1, progress=False)
+        run = pt.Run(  # gloo on the CPU, also where a GPU is visible
+            strategy="fsdp",
+            accelerator="cpu",
+            ckpt_dir=Path(root) / "pt",
+            keep_last=1,
+            progress=False,
+        )
         net = _model(mib)
         model, opt = run.setup(net, torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9))
         with run.accumulate(model):

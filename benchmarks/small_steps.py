@@ -5,7 +5,8 @@ where per-step bookkeeping shows most (a tiny model, in-memory data, one thread)
     python benchmarks/small_steps.py --budget 120    # any `paratrain bench` flag overrides it
 
 A preset of `paratrain bench`: on CPU an MLP (256 -> 64 -> 64 -> 10) on batches of 32 read
-from a TensorDataset; on a GPU a small CNN on 8x8 images, batches of 128. All four loops run in
+from a TensorDataset; on a GPU a small CNN on 8x8 images, batches of 128; 45 steps per epoch,
+as in the tutorials' digits-sized datasets. All four loops run in
 the same process, in alternating blocks; "paratrain/reference" is paratrain's throughput ÷ the
 hand-written DataLoader loop's (target >= 0.95), and each peer gets its own ratio against the
 same reference blocks.
@@ -19,7 +20,7 @@ import torch
 
 from paratrain.cli import main
 
-COMMON = ["bench", "--nproc", "1", "--data", "loader", "--threads", "1",
+COMMON = ["bench", "--nproc", "1", "--data", "loader", "--epoch-batches", "45", "--threads", "1",
           "--compare", "accelerate,fabric", "--warmup", "50", "--rounds", "15",
           "--spread", "0.02", "--budget", "90", "--no-plot"]  # fmt: skip
 CPU = ["--model", "mlp", "--width", "64", "--depth", "2", "--batch-size", "32",

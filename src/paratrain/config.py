@@ -107,7 +107,8 @@ class RunConfig:
     """Seconds from the preemption signal within which the save must be done; past them it is
     abandoned (the previous checkpoint stays the newest) and the process exits all the same."""
     stats_every: int | None = 10
-    """Write per-rank stats (run_dir/stats/rank<r>.jsonl) every this many steps; None: never."""
+    """Write per-rank stats (run_dir/stats/rank<r>.jsonl) every this many steps (written out at
+    most twice a second); None: never."""
     tensorboard: bool = False
     """Write :meth:`Run.log` scalars as TensorBoard events under ``run_dir/tensorboard`` (the
     same as ``'tensorboard'`` in ``log_to``)."""

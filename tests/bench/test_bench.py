@@ -392,3 +392,13 @@ def test_conv_models_run_channels_last_on_a_gpu_only_unless_asked() -> None:
     assert memory_format(mlp, auto, gpu) == "contiguous"
     off = Settings(8, steps=2, warmup=1, rounds=2, data="synthetic", memory_format="contiguous")
     assert memory_format(cnn, off, gpu) == "contiguous"
+
+
+def test_a_dataset_too_large_for_memory_names_the_flag() -> None:
+    from paratrain.bench.models import build_spec, check_model
+    from paratrain.errors import ConfigError
+
+    spec = build_spec("resnet", width=8, depth=50, image_size=224)
+    with pytest.raises(ConfigError, match="--epoch-batches"):
+        check_model(spec, 64, data_samples=64 * 10**5)
+    check_model(build_spec("mlp", width=8, depth=1), 32, data_samples=32 * 45)

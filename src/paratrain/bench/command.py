@@ -84,6 +84,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="torch threads per rank (default: the cores divided among the ranks)",
     )
     p.add_argument(
+        "--epoch-batches",
+        type=int_in(1, 10**5),
+        default=8,
+        help="--data loader: batches per rank in one pass over the data (default 8)",
+    )
+    p.add_argument(
         "--memory-format",
         choices=("auto", "channels_last", "contiguous"),
         default="auto",

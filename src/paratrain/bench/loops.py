@@ -63,6 +63,8 @@ class Settings:
     """Peers measured in the same rounds: ``accelerate``, ``fabric`` (see ``bench.peers``)."""
     threads: int | None = None
     """torch threads per rank (None: the cores divided among the ranks)."""
+    epoch_batches: int = 8
+    """Batches per rank in one pass over the dataset of ``--data loader``."""
     memory_format: str = "auto"
     """``channels_last`` (with ``cudnn.benchmark``), ``contiguous``, or ``auto``: channels_last
     for convolutional models on a GPU, as the tutorials recommend, contiguous otherwise."""
@@ -89,7 +91,8 @@ def bench_device() -> torch.device:
 
 
 def bench_dataset(spec: ModelSpec, settings: Settings) -> TensorDataset:
-    """Eight global batches of the model's synthetic data, for loops that use a DataLoader."""
+    """``settings.epoch_batches`` global batches of the model's synthetic data, for loops that
+    use a DataLoader."""
     world = dist.get_world_size() if dist.is_initialized() else 1
-    x, y = spec.batch(settings.batch_size * world * 8, torch.device("cpu"))
+    x, y = spec.batch(settings.batch_size * world * settings.epoch_batches, torch.device("cpu"))
     return TensorDataset(x, y)

@@ -225,15 +225,24 @@ def _user_spec(target: str) -> ModelSpec:
     return ModelSpec(target, lambda: factory()[0], batch)
 
 
-def check_model(spec: ModelSpec, batch_size: int) -> None:
+def check_model(spec: ModelSpec, batch_size: int, data_samples: int = 0) -> None:
     """Refuse a model that cannot run at these sizes or cannot fit, before any rank starts.
 
     Built-in models are built and run once on the meta device (shapes only, no memory); a user
     factory is built for real. The fp32 training state (weights, gradients and two Adam moments,
-    16 bytes per parameter) must fit in this machine's memory.
+    16 bytes per parameter) must fit in this machine's memory, and so must ``data_samples``
+    samples of the in-memory dataset of ``--data loader``.
     """
     builtin = spec.name in MODELS
     inputs, targets = spec.batch(1, torch.device("cpu"))
+    sample = sum(t.numel() * t.element_size() for t in (inputs, targets))
+    total = psutil.virtual_memory().total
+    if data_samples * sample > total / 4:
+        raise ConfigError(
+            f"--epoch-batches: {data_samples:,} samples of {sample:,} bytes would take "
+            f"{data_samples * sample / 2**30:.1f} GiB, more than a quarter of this machine's "
+            f"{total / 2**30:.1f} GiB. Use fewer --epoch-batches or a smaller --batch-size."
+        )
     if builtin:
         with torch.device("meta"):
             model = spec.build()
@@ -242,7 +251,6 @@ def check_model(spec: ModelSpec, batch_size: int) -> None:
         model = spec.build()
     params = sum(p.numel() for p in model.parameters())
     need = 16 * params
-    total = psutil.virtual_memory().total
     if need > total:
         raise ConfigError(
             f"--model {spec.name}: {params:,} parameters need about {need / 2**30:.1f} GiB for "

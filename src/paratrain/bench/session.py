@@ -83,7 +83,8 @@ def run_bench(args: argparse.Namespace) -> int:
     check_installed(compare)  # before any rank starts
     margs = model_args(args)
     spec = build_spec(**margs)
-    check_model(spec, args.batch_size)
+    data = args.batch_size * args.epoch_batches * max(nprocs) if args.data == "loader" else 0
+    check_model(spec, args.batch_size, data)
     settings = Settings(
         batch_size=args.batch_size,
         steps=args.steps,
@@ -95,6 +96,7 @@ def run_bench(args: argparse.Namespace) -> int:
         compare=tuple(compare),
         threads=args.threads,
         memory_format=args.memory_format,
+        epoch_batches=args.epoch_batches,
     )
     run_dir = args.run_dir or Path("runs/bench") / time.strftime("%Y%m%d-%H%M%S")
     make_folder(run_dir, "--run-dir")

@@ -556,6 +556,8 @@ _ANOTHER_RANKS_ORDER = (
 def _batch_len(batch: Any) -> int:
     while isinstance(batch, (list, tuple)) and batch:
         batch = batch[0]
+    if isinstance(batch, torch.Tensor):  # the usual case, before the slower Mapping check
+        return len(batch) if batch.dim() else 0
     if isinstance(batch, Mapping) and batch:
         return _batch_len(next(iter(batch.values())))
     return len(batch) if isinstance(batch, torch.Tensor) and batch.dim() else 0
