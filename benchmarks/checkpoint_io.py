@@ -207,7 +207,7 @@ def _round(mib: int, work: Path, shift: int) -> dict[str, float]:
         ) as run,
     ):
         run.setup(*_trained(mib))
-        run.save()  # the first save allocates the staging buffers
+        run.save()  # no run.step ran here, so this first save allocates the staging buffers
         run.store.wait()
         run.global_step += 1
         out["async_stall"] = _timed(run.save)
@@ -249,6 +249,7 @@ def _fsdp_rank(mib: int, root: str, repeats: int) -> list[dict[str, float]]:
             ckpt_dir=Path(root) / "pt",
             keep_last=1,
             progress=False,
+            previous_run="share",  # every build trains a step in the same ckpt_dir on purpose
         )
         net = _model(mib)
         model, opt = run.setup(net, torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9))
