@@ -103,5 +103,9 @@ bench: $(VENV)/.installed
 cuda-check: $(VENV)/.installed
 	$(BIN)/python benchmarks/cuda_paths.py
 
+# Every GPU figure of the benchmarks page in one run (about 10 minutes on one GPU).
+gpu-figures: $(VENV)/.installed
+	PYTHON=$(BIN)/python bash benchmarks/gpu_figures.sh
+
 clean:
 	rm -rf $(VENV) runs site .pytest_cache .mypy_cache .ruff_cache
