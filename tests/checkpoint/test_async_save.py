@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,17 @@ def _train_steps(run: pt.Run, model: nn.Module, opt: Any, sched: Any, n: int) ->
         run.step(opt, sched)
 
 
+@contextlib.contextmanager
+def _async_run(ckpt: Path) -> Iterator[tuple[pt.Run, nn.Module, Any, Any]]:
+    """A run with ``async_save`` training an MLP with AdamW and a StepLR schedule."""
+    with pt.Run(
+        strategy="cpu", ckpt_dir=ckpt, async_save=True, keep_last=None, progress=False
+    ) as run:
+        net = mlp()
+        model, opt = run.setup(net, torch.optim.AdamW(net.parameters(), lr=1e-2))
+        yield run, model, opt, torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+
+
 def _resumed(folder: Path, work: Path) -> tuple[dict[str, Any], dict[str, Any], int]:
     alone = work / folder.name  # a directory holding only this checkpoint
     shutil.copytree(folder, alone / folder.name)
@@ -35,12 +48,7 @@ def _resumed(folder: Path, work: Path) -> tuple[dict[str, Any], dict[str, Any], 
 
 def test_each_async_save_holds_the_state_of_its_own_call(tmp_path: Path) -> None:
     snapshots: dict[Path, tuple[dict[str, Any], dict[str, Any], int]] = {}
-    with pt.Run(
-        strategy="cpu", ckpt_dir=tmp_path / "ckpt", async_save=True, keep_last=None, progress=False
-    ) as run:
-        net = mlp()
-        model, opt = run.setup(net, torch.optim.AdamW(net.parameters(), lr=1e-2))
-        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    with _async_run(tmp_path / "ckpt") as (run, model, opt, sched):
         for _ in range(3):  # later saves reuse the staging buffers of earlier ones
             _train_steps(run, model, opt, sched, 2)
             state = copy.deepcopy((run.unwrap(model).state_dict(), opt.state_dict()))
@@ -84,12 +92,7 @@ def test_the_first_async_save_copies_into_buffers_made_after_the_first_step(
     """The host buffers of the first save are allocated in the background after the first
     optimizer step, so that save stalls no longer than later ones; what it writes is still
     the state of its call."""
-    with pt.Run(
-        strategy="cpu", ckpt_dir=tmp_path / "ckpt", async_save=True, keep_last=None, progress=False
-    ) as run:
-        net = mlp()
-        model, opt = run.setup(net, torch.optim.AdamW(net.parameters(), lr=1e-2))
-        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    with _async_run(tmp_path / "ckpt") as (run, model, opt, sched):
         _train_steps(run, model, opt, sched, 1)
         store: Any = run.store
         assert store._preparing is not None
