@@ -112,6 +112,32 @@ def test_runtime_writes_stats(tmp_path: Path) -> None:
     assert all(r["peak_memory_mb"] > 10 and r["step_time_s"] > 0 for r in records)
 
 
+def test_a_run_never_closed_still_writes_its_last_stats(tmp_path: Path) -> None:
+    """Records are kept in memory between writes; a script that ends without closing its run
+    still writes them (at interpreter exit)."""
+    import subprocess
+    import textwrap
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import torch, paratrain as pt
+            run = pt.Run(strategy="cpu", run_dir={str(tmp_path / "run")!r}, stats_every=2,
+                         progress=False)
+            model = torch.nn.Linear(4, 1)
+            model, opt = run.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+            for _ in range(20):
+                run.backward(model(torch.ones(2, 4)).sum())
+                run.step(opt)
+            """
+        )
+    )
+    subprocess.run([sys.executable, str(script)], check=True, timeout=120, capture_output=True)
+    lines = (tmp_path / "run" / "stats" / "rank0.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == list(range(2, 21, 2))
+
+
 def test_damaged_stats_lines_are_skipped(tmp_path: Path) -> None:
     from paratrain.monitor.snapshot import latest_records
 

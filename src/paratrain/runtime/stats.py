@@ -17,6 +17,7 @@ peak resident size, one system call).
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import resource
@@ -82,6 +83,7 @@ class StatsWriter:
         if self._file is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = self.path.open("a", encoding="utf-8")
+            atexit.register(self.close)  # a script that never closes its run keeps its records
         self._file.write("".join(json.dumps(r) + "\n" for r in self._pending))
         self._file.flush()
         self._pending.clear()
@@ -92,6 +94,7 @@ class StatsWriter:
         if self._file is not None:
             self._file.close()
             self._file = None
+            atexit.unregister(self.close)
 
     def _peak_memory(self, now: float) -> float:
         read_at, value = self._memory
