@@ -150,8 +150,9 @@ def _train_pass(
                 loss = criterion(model(x), y)
                 run.backward(loss)
             run.step(optimizer, scheduler)
-            loss_sum, batches = loss_sum + loss.item(), batches + 1
-            window.append(loss.item())
+            value = loss.item()  # one wait for the device per step, not two
+            loss_sum, batches = loss_sum + value, batches + 1
+            window.append(value)
             if run.global_step != step:  # the window's last micro-batch: the optimizer stepped
                 run.log({STEP_LOSS: sum(window) / len(window)})  # the main process's, each step
                 window.clear()
