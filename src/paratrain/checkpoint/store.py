@@ -38,6 +38,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict_saver import async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 
 from paratrain import faults
@@ -232,7 +233,7 @@ class CheckpointStore:
         wanted = [
             (tuple(t.shape), t.dtype, t.is_cuda)
             for t in tensors
-            if isinstance(t, torch.Tensor) and type(t).__name__ != "DTensor"
+            if isinstance(t, torch.Tensor) and not isinstance(t, DTensor)
         ]
 
         def allocate() -> None:

@@ -55,7 +55,6 @@ class Preemption:
         self.received: tuple[signal.Signals, float] | None = None
         """The first signal and when it came (monotonic seconds)."""
         self._previous: dict[signal.Signals, Any] = {}
-        self._posted = False
         self._target: int | None = None
         self._flag_seen = False
         self._noted = False

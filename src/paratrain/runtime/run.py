@@ -367,8 +367,7 @@ class Run(RunBase):
             )
         if self.loop.grad_accum > 1:
             loss = loss / self.loop.grad_accum
-        if self.precision.scaler is not None:
-            loss = self.precision.scaler.scale(loss)
+        loss = self.precision.scale(loss)
         if strategy.loss_parallel:  # split logits: the loss's backward is a DTensor op too
             with strategy.loss_context():
                 loss.backward(**backward_kwargs)  # type: ignore[no-untyped-call]
