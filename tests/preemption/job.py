@@ -1,7 +1,7 @@
 """A README-shaped loop for the preemption tests: saves only at the end of each epoch, never
 calls run.resume() (a checkpoint saved on preemption is resumed all the same).
 
-    python job.py RUN_DIR [--sleep S] [--epochs N] [--grace S] [--slow-save S] [--no-signals]
+    python job.py RUN_DIR [--sleep S] [--epochs N] [--samples N] [--grace S] [--slow-save S] [--no-signals]
 
 Rank 0 writes RUN_DIR/started once 3 steps are done; the final weights go to RUN_DIR/final.pt.
 """
@@ -19,6 +19,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("run_dir", type=Path)
 parser.add_argument("--sleep", type=float, default=0.0)
 parser.add_argument("--epochs", type=int, default=3)
+parser.add_argument("--samples", type=int, default=256)
 parser.add_argument("--grace", type=float, default=25.0)
 parser.add_argument("--slow-save", type=float, default=0.0)
 parser.add_argument("--no-signals", action="store_true")
@@ -41,7 +42,7 @@ run = pt.Run(
     preempt_signals=signals, preempt_grace_s=args.grace,
 )  # fmt: skip
 torch.manual_seed(0)
-data = torch.utils.data.TensorDataset(torch.randn(256, 8), torch.randint(0, 3, (256,)))
+data = torch.utils.data.TensorDataset(torch.randn(args.samples, 8), torch.randint(0, 3, (args.samples,)))
 net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.1), nn.Linear(16, 3))
 model, opt = run.setup(net, torch.optim.AdamW(net.parameters(), lr=1e-2))
 loader = run.loader(data, batch_size=8, shuffle=True)
