@@ -1,6 +1,10 @@
 """Loading into existing tensors through a small reused buffer: the window reader's contract
 (bytes, grouping, verification before hand-over), and resume of model weights window by
-window, compared with torch's own ``load_state_dict`` for the module shapes users write."""
+window, compared with torch's own ``load_state_dict`` for the module shapes users write.
+
+Window by window is how a model on a GPU is loaded (from the page cache); the tests below make
+the CPU models they resume load the same way. A model on the CPU takes freshly read tensors
+instead: tests/checkpoint/test_adopted_load.py."""
 
 from __future__ import annotations
 
@@ -20,8 +24,9 @@ from paratrain.checkpoint import restore as restore_module
 from paratrain.checkpoint import store as store_module
 from paratrain.checkpoint.manifest import Manifest
 from paratrain.checkpoint.state import ModuleLoader
-from paratrain.checkpoint.verified_reads import read_windows_verified
+from paratrain.checkpoint.verified_reads import map_windows_verified, read_windows_verified
 from paratrain.errors import CheckpointDamagedError, CheckpointError
+from paratrain.runtime import save_restore
 from tests.support.training import resume_saved
 
 
@@ -110,6 +115,52 @@ def test_a_damaged_block_is_found_before_any_byte_of_its_window_or_with_verify_f
     assert flip // block not in read  # no error: the damaged block was never needed
 
 
+@fast
+@given(
+    size=st.integers(0, 400),
+    block=st.integers(1, 64),
+    window=st.integers(1, 300),
+    wanted=ranges,
+    flip=st.one_of(st.none(), st.integers(0, 399)),
+)
+def test_mapped_windows_hand_over_the_file_s_bytes_and_never_a_damaged_block(
+    tmp_path: Path,
+    size: int,
+    block: int,
+    window: int,
+    wanted: list[tuple[int, int]],
+    flip: int | None,
+) -> None:
+    """The page-cache reader (models on a GPU) hands over the windows read_windows_verified
+    does, as views of the mapped file, each checked before it is handed over."""
+    path, data, digests = _file(tmp_path, size, block)
+    expected = [
+        (base, members)
+        for _, base, members in read_windows_verified(
+            path, size, block, digests, wanted, window_bytes=window
+        )
+    ]
+    if flip is not None and size:
+        flip %= size
+        raw = bytearray(data)
+        raw[flip] ^= 0x04
+        path.write_bytes(bytes(raw))
+    else:
+        flip = None
+    got: list[tuple[int, list[int]]] = []
+    try:
+        for view, base, members in map_windows_verified(
+            path, size, block, digests, wanted, window_bytes=window
+        ):
+            assert view.numpy().tobytes() == data[base : base + view.numel()]  # never damaged
+            got.append((base, members))
+    except CheckpointDamagedError as err:
+        assert flip is not None and "fails its checksum" in str(err)
+        assert got == expected[: len(got)]
+        return
+    assert got == expected
+
+
 def test_a_short_file_or_wrong_checksum_count_is_damage(tmp_path: Path) -> None:
     path, data, digests = _file(tmp_path, 300, 64)
     with pytest.raises(CheckpointDamagedError, match="block checksums"):
@@ -169,7 +220,9 @@ def _state(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _count_loads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The number of tensors of each window copied into a model, as it happens."""
+    """The number of tensors of each window copied into a model, as it happens (models loaded
+    window by window, as on a GPU)."""
+    monkeypatch.setattr(save_restore, "adoptable", lambda module: False)
     loads: list[int] = []
     real_load = ModuleLoader.load
     monkeypatch.setattr(

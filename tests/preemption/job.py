@@ -1,7 +1,8 @@
 """A README-shaped loop for the preemption tests: saves only at the end of each epoch, never
 calls run.resume() (a checkpoint saved on preemption is resumed all the same).
 
-    python job.py RUN_DIR [--sleep S] [--epochs N] [--samples N] [--grace S] [--slow-save S] [--no-signals]
+    python job.py RUN_DIR [--sleep S] [--epochs N] [--samples N] [--grace S] [--slow-save S]
+                          [--no-signals]
 
 Rank 0 writes RUN_DIR/started once 3 steps are done; the final weights go to RUN_DIR/final.pt.
 """
@@ -42,7 +43,8 @@ run = pt.Run(
     preempt_signals=signals, preempt_grace_s=args.grace,
 )  # fmt: skip
 torch.manual_seed(0)
-data = torch.utils.data.TensorDataset(torch.randn(args.samples, 8), torch.randint(0, 3, (args.samples,)))
+features, labels = torch.randn(args.samples, 8), torch.randint(0, 3, (args.samples,))
+data = torch.utils.data.TensorDataset(features, labels)
 net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.1), nn.Linear(16, 3))
 model, opt = run.setup(net, torch.optim.AdamW(net.parameters(), lr=1e-2))
 loader = run.loader(data, batch_size=8, shuffle=True)

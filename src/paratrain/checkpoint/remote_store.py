@@ -31,7 +31,7 @@ import shutil
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -293,7 +293,9 @@ class RemoteStore(CheckpointStore):
                 self.warn(f"skipping {self.remote.url_of(folder.name)}: {err}")
         return None
 
-    def read(self, folder: Path, manifest: Manifest) -> Staged:  # type: ignore[override]
+    def read(  # type: ignore[override]
+        self, folder: Path, manifest: Manifest, adopt: Collection[str] = ()
+    ) -> Staged:
         """Collective: one process per machine downloads (or finds cached) and verifies the
         checkpoint; every rank then reads it as from a local disk. Every rank raises the same
         CheckpointDamagedError (skip it) or StorageError (stop)."""
@@ -311,7 +313,7 @@ class RemoteStore(CheckpointStore):
             if found is not None:
                 damaged, text = found
                 raise (CheckpointDamagedError if damaged else StorageError)(text)
-        return CheckpointStore.read(self.directory / folder.name, manifest)
+        return CheckpointStore.read(self.directory / folder.name, manifest, adopt)
 
     def _fetch(self, name: str, manifest: Manifest) -> Path:
         """The staging copy of checkpoint ``name``: cached if identical and intact, else

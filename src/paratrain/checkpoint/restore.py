@@ -12,9 +12,9 @@ from __future__ import annotations
 import io
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +35,11 @@ from paratrain.checkpoint.safetensors_io import (
     StoredTensor,
     safetensors_entries,
     safetensors_header_bytes,
-    tensors_from_safetensors,
 )
+from paratrain.checkpoint.tensor_reads import read_tensors_verified
 from paratrain.checkpoint.verified_reads import (
     WINDOW_BYTES,
+    map_windows_verified,
     read_windows_verified,
 )
 from paratrain.errors import CheckpointDamagedError, CheckpointError
@@ -63,25 +64,28 @@ def stems(name: str) -> tuple[str, str]:
 class Staged:
     """A checkpoint whose files were read once and verified (see :meth:`CheckpointStore.read`).
 
-    The optimizer state it hands out are views of its buffers, kept by the optimizer: no copy.
-    Each view keeps its whole file's buffer alive (until the optimizer's state is replaced), and
-    ``torch.save`` of one such tensor alone writes that buffer: ``.clone()`` it first.
+    Optimizer files (and the model files of models on the CPU) were read into one fresh tensor
+    per entry: the optimizer keeps them as its state, the model takes them as its storage
+    (:meth:`ModuleLoader.adopt`), with no copy.
     """
 
     folder: Path
     manifest: Manifest
     buffers: dict[str, torch.Tensor]
-    """Replicated files' bytes; a DCP folder's shards are verified as DCP reads them."""
+    """Other replicated files' bytes (``trainer.pt``); a DCP folder's shards are verified as
+    DCP reads them."""
+    files: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+    """The tensors of the safetensors files read whole, by file name."""
 
     def tensors(self, name: str) -> dict[str, torch.Tensor]:
         """The tensors of the safetensors file ``name`` (read whole and verified now if it was
         only checked, to be copied into the model in windows)."""
-        if name not in self.buffers:
+        if name not in self.files:
             record = self.manifest.files.get(name)
             if record is None:
                 raise CheckpointError(f"{self.folder} has no {name}: the checkpoint is incomplete.")
-            self.buffers[name] = record.read(self.folder / name)
-        return tensors_from_safetensors(self.buffers[name], name)
+            self.files[name] = read_tensors_verified(self.folder / name, record)
+        return self.files[name]
 
     def trainer(self) -> dict[str, Any]:
         """``trainer.pt``, loaded with ``weights_only=True``."""
@@ -124,27 +128,19 @@ def _verify(path: Path, record: FileRecord) -> None:
 
 def _load_model_in_windows(path: Path, record: FileRecord, loader: st.ModuleLoader) -> None:
     """Copy a model's safetensors file (verified by :meth:`CheckpointStore.read`) into the
-    model window by window: each window of the file is read into one reused buffer, its blocks
-    checked again, and copied into the model's tensors, so no second copy of the weights is
-    made in fresh memory. Names and shapes are checked before the first byte is loaded."""
+    model window by window, straight from the page cache: each window's blocks are checked
+    again, one window ahead of the copy, and no second copy of the weights is made in fresh
+    memory. Names and shapes are checked before the first byte is loaded."""
     assert record.blocks is not None and record.block_bytes is not None
+    blocks, digests = record.block_bytes, record.blocks
 
-    def windows(
-        ranges: list[tuple[int, int]], window: int = WINDOW_BYTES
-    ) -> Iterator[tuple[torch.Tensor, int, list[int]]]:
-        assert record.blocks is not None and record.block_bytes is not None
-        return read_windows_verified(
-            path,
-            record.bytes,
-            record.block_bytes,
-            record.blocks,
-            ranges,
-            window_bytes=window,
-        )
+    def head(length: int) -> torch.Tensor:
+        reader = read_windows_verified(path, record.bytes, blocks, digests, [(0, length)])
+        return next(iter(reader))[0]
 
-    first, _, _ = next(iter(windows([(0, 8)])))
+    first = head(8)
     length = safetensors_header_bytes(first.numpy().data, record.bytes, path.name)
-    header = first if 8 + length <= first.numel() else next(iter(windows([(0, 8 + length)])))[0]
+    header = first if 8 + length <= first.numel() else head(8 + length)
     entries = safetensors_entries(header.numpy().data[8 : 8 + length], record.bytes, path.name)
     loader.check({e.name: e.shape for e in entries})
     entries = [e for e in entries if loader.keeps(e.name)]  # a pipeline stage's own
@@ -157,8 +153,10 @@ def _load_model_in_windows(path: Path, record: FileRecord, loader: st.ModuleLoad
         for g in groups
     ]
     window = max(WINDOW_BYTES, record.bytes // 64)  # a few dozen loads for a large model
-    for buffer, base, members in windows(spans, window):
-        loader.load({e.name: e.view(buffer, base) for i in members for e in groups[i]})
+    for view, base, members in map_windows_verified(
+        path, record.bytes, blocks, digests, spans, window_bytes=window
+    ):
+        loader.load({e.name: e.view(view, base) for i in members for e in groups[i]})
 
 
 def _size_problem(path: Path, size: int) -> str | None:
@@ -180,35 +178,43 @@ def _dcp_failure(folder: Path, err: CheckpointException) -> CheckpointError:
     return CheckpointDamagedError(f"{folder}/dcp could not be read ({detail})")
 
 
-def read_checkpoint(folder: Path, manifest: Manifest) -> Staged:
+def read_checkpoint(folder: Path, manifest: Manifest, adopt: Collection[str] = ()) -> Staged:
     """Every file of a checkpoint read once and checked against the manifest.
 
-    Optimizer and trainer files come back as buffers to load from (the optimizer keeps views
-    of them). A model's safetensors file checked per block is read and verified through a
-    small reused buffer here, and copied into the model by :func:`load_unit` in a second
-    pass over the page cache: no fresh copy of the weights, and a damaged file is found
-    before any of its bytes reach the model. A DCP folder's shards are only checked for
-    presence and size here: each rank reads only its part of them, verified as DCP loads
-    it (see SafeReader). Raises CheckpointDamagedError for a damaged file.
+    Optimizer files, and the model files named in ``adopt`` (models on the CPU, which take the
+    tensors as they are), are read into one fresh tensor per entry. Any other model file
+    checked per block is only verified here, through a small reused buffer, and copied into
+    the model by :func:`load_unit` straight from the page cache: no fresh copy of the weights
+    (on a GPU, say). Either way a damaged file is found before any of its bytes reach the
+    model. A DCP folder's shards are only checked for presence and size here: each rank reads
+    only its part of them, verified as DCP loads it (see SafeReader). Raises
+    CheckpointDamagedError for a damaged file.
     """
-    whole, checked = [], []
+    tensors, checked, whole = [], [], []
     for name, record in manifest.files.items():
         if name.startswith("dcp/") and name != "dcp/.metadata":
             problem = _size_problem(folder / name, record.bytes)
             if problem:
                 raise CheckpointDamagedError(problem)
-        elif _model_in_windows(name, record):
+        elif _model_in_windows(name, record) and name not in adopt:
             checked.append(name)
+        elif name.endswith(".safetensors") and name.startswith(("model", "optimizer")):
+            tensors.append(name)
         else:
             whole.append(name)
     # All files at once: on a cold cache the disk then has several files' reads queued.
-    with ThreadPoolExecutor(max(1, min(4, len(whole) + len(checked)))) as pool:
+    with ThreadPoolExecutor(max(1, min(4, len(tensors) + len(checked) + len(whole)))) as pool:
         verified = [pool.submit(_verify, folder / name, manifest.files[name]) for name in checked]
+        into = {
+            name: pool.submit(read_tensors_verified, folder / name, manifest.files[name])
+            for name in tensors
+        }
         read = pool.map(lambda name: manifest.files[name].read(folder / name), whole)
         buffers = dict(zip(whole, read, strict=True))
+        files = {name: future.result() for name, future in into.items()}
         for future in verified:
             future.result()
-    return Staged(folder, manifest, buffers)
+    return Staged(folder, manifest, buffers, files)
 
 
 def load_unit(
@@ -247,8 +253,9 @@ def load_unit(
         return
     model_file = f"{model_stem}.safetensors"
     record = staged.manifest.files.get(model_file)
+    read = staged.files.get(model_file)  # read into fresh tensors for the model to take
     loader = None
-    if record is not None and _model_in_windows(model_file, record):
+    if read is not None or (record is not None and _model_in_windows(model_file, record)):
         loader = st.ModuleLoader.of(target, partial=partial)  # None: torch loads it whole
     whole_model = staged.tensors(model_file) if loader is None else None
     metas = trainer["optimizer_meta"]
@@ -256,7 +263,10 @@ def load_unit(
     optim_sd = st.unflatten_optimizer(staged.tensors(f"{optim_stem}.safetensors"), meta)
     if partial:
         whole_model, optim_sd = st.part_of(target, whole_model, optim_sd)
-    if loader is not None:
+    if loader is not None and read is not None:
+        loader.adopt(read if not partial else {k: v for k, v in read.items() if loader.keeps(k)})
+        staged.files.pop(model_file)  # the model holds what it took; the rest can go
+    elif loader is not None:
         assert record is not None
         _load_model_in_windows(folder / model_file, record, loader)
     st.apply(target, optimizers, whole_model, optim_sd, full=True)

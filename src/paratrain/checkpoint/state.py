@@ -169,6 +169,82 @@ class ModuleLoader:
                 "model that wrote it."
             )
 
+    def adopt(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Load ``tensors`` (each in a fresh storage of its own, read for this load) with no
+        copy where that is safe: the model's tensor takes the new storage (``tensor.data =
+        new``, as ``module.to()`` does), keeping its identity, so optimizers and wrappers that
+        hold it see the loaded values. A tensor that cannot take it (on another device, a view
+        of a larger storage, sharing its storage, another layout or type, in a module with its
+        own loading code) is copied into instead, through :meth:`load`.
+
+        The model's old storages are freed once nothing else holds them: loading needs room for
+        one more copy of the weights, as ``torch.load`` does, and no time for copying them.
+        """
+        self.check({name: list(t.shape) for name, t in tensors.items()})
+        shared = _shared_storages(self._modules.values())
+        copied: dict[str, torch.Tensor] = {}
+        with torch.no_grad():
+            for name, new in tensors.items():
+                path, _, leaf = name.rpartition(".")
+                module = self._modules[path]
+                own = module._parameters.get(leaf)
+                if own is None:
+                    own = module._buffers.get(leaf)
+                if _plain_loading(module) and own is not None and _takes(own, new, shared):
+                    own.data = new
+                else:
+                    copied[name] = new
+        if copied:
+            self.load(copied)
+
+
+def _plain_loading(module: nn.Module) -> bool:
+    """Whether ``module`` loads its state with nn.Module's own code and no hooks (so a tensor
+    taking a new storage is what loading would have done)."""
+    return (
+        type(module)._load_from_state_dict is nn.Module._load_from_state_dict
+        and not module._load_state_dict_pre_hooks
+    )
+
+
+def _shared_storages(modules: Any) -> set[int]:
+    """Storages (by address) that more than one of the modules' tensors use."""
+    seen: dict[int, int] = {}
+    tensors = {
+        id(t): t
+        for m in modules
+        for t in (*m._parameters.values(), *m._buffers.values())
+        if t is not None
+    }
+    for t in tensors.values():
+        address = t.untyped_storage().data_ptr()
+        seen[address] = seen.get(address, 0) + 1
+    return {address for address, count in seen.items() if count > 1}
+
+
+def _takes(own: torch.Tensor, new: torch.Tensor, shared: set[int]) -> bool:
+    """Whether ``own`` can take ``new``'s storage and stay what it was: a plain CPU tensor of
+    the same dtype, shape and strides, the whole of a storage that no other tensor uses."""
+    return (
+        type(own) in (nn.Parameter, torch.Tensor)
+        and own.device.type == "cpu"
+        and new.device == own.device
+        and own.dtype == new.dtype
+        and own.shape == new.shape
+        and own.stride() == new.stride()  # the same layout (channels_last stays so)
+        and own.storage_offset() == 0
+        and own.untyped_storage().nbytes() == own.nbytes
+        and own.untyped_storage().data_ptr() not in shared
+        and new.is_contiguous()
+    )
+
+
+def adoptable(target: nn.Module) -> bool:
+    """Whether loading ``target`` from a checkpoint is best done by reading each tensor into a
+    fresh storage for :meth:`ModuleLoader.adopt` (every tensor on the CPU): else the weights go
+    from the page cache straight into the model's tensors (on a GPU, say)."""
+    return all(t.device.type == "cpu" for t in (*target.parameters(), *target.buffers()))
+
 
 def _some(names: list[str]) -> str:
     return f"{names[:5]}{' ...' if len(names) > 5 else ''}"

@@ -27,7 +27,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -513,9 +513,10 @@ class CheckpointStore:
         return found
 
     @staticmethod
-    def read(folder: Path, manifest: Manifest) -> Staged:
-        """Every file of a checkpoint read once and checked (:func:`restore.read_checkpoint`)."""
-        return read_checkpoint(folder, manifest)
+    def read(folder: Path, manifest: Manifest, adopt: Collection[str] = ()) -> Staged:
+        """Every file of a checkpoint read once and checked (:func:`restore.read_checkpoint`;
+        ``adopt``: the model files to read into fresh tensors for the models to take)."""
+        return read_checkpoint(folder, manifest, adopt)
 
 
 def _records_of(folder: Path, known: dict[str, FileRecord]) -> dict[str, FileRecord]:

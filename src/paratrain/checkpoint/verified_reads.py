@@ -13,10 +13,14 @@ read, so checks cost almost nothing on top of the I/O itself.
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 import os
 import threading
+import warnings
 import zlib
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
 
@@ -108,7 +112,8 @@ def file_problem(path: Path, algorithm: str, expected: int, size: int) -> str | 
     return None
 
 
-def _size_checked(path: Path, size: int) -> None:
+def size_checked(path: Path, size: int) -> None:
+    """CheckpointDamagedError unless ``path`` can be looked at and has ``size`` bytes."""
     try:
         actual = path.stat().st_size
     except OSError as err:
@@ -119,11 +124,31 @@ def _size_checked(path: Path, size: int) -> None:
         raise CheckpointDamagedError(f"{path.name} has {actual} bytes, expected {size}")
 
 
-def _read_ranges(
-    path: Path, view: memoryview, ranges: list[tuple[int, int]], consume: Callable[[int], None]
+_IOV_MAX = 1024  # pieces per preadv call (Linux's IOV_MAX)
+
+
+def _read_pieces(fd: int, pieces: list[memoryview], offset: int) -> None:
+    """Fill ``pieces`` in order with the file's bytes from ``offset`` on (one preadv for up to
+    :data:`_IOV_MAX` of them at a time)."""
+    first = 0
+    while first < len(pieces):
+        n = os.preadv(fd, pieces[first : first + _IOV_MAX], offset)
+        if n <= 0:
+            raise OSError(f"it ended after {offset} bytes")
+        offset += n
+        while first < len(pieces) and n >= pieces[first].nbytes:
+            n -= pieces[first].nbytes
+            first += 1
+        if n:
+            pieces[first] = pieces[first][n:]
+
+
+def read_ranges(
+    path: Path, ranges: list[tuple[int, list[memoryview]]], consume: Callable[[int], None]
 ) -> None:
-    """Read each (start, length) of ``ranges`` into the same bytes of ``view``, calling
-    ``consume(i)`` in order as range ``i`` arrives (ranges must not overlap).
+    """Read each ``(offset, pieces)`` of ``ranges``: the file's bytes from ``offset`` on fill
+    ``pieces`` in order (scattered into as many buffers as needed). ``consume(i)`` is called in
+    order as range ``i`` arrives (ranges must not overlap).
 
     Reader threads, each with its own descriptor and a contiguous run of ranges (so the kernel
     reads ahead for each), fill the memory (``os.preadv`` releases the GIL) while this thread
@@ -146,13 +171,8 @@ def _read_ranges(
             if hasattr(os, "posix_fadvise"):
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)  # a larger read-ahead
             for i in range(first, min(first + share, len(ranges))):
-                start, length = ranges[i]
-                got = 0
-                while got < length:
-                    n = os.preadv(fd, [view[start + got : start + length]], start + got)
-                    if n <= 0:
-                        raise OSError(f"it ended after {start + got} bytes")
-                    got += n
+                offset, pieces = ranges[i]
+                _read_pieces(fd, list(pieces), offset)
                 done[i].set()
         except BaseException as err:  # handed to the consuming side
             failures.append(err)
@@ -190,7 +210,7 @@ def read_verified(path: Path, algorithm: str, expected: int, size: int) -> torch
     arrives. Raises :class:`CheckpointDamagedError` naming the file when it is missing, resized,
     corrupted or unreadable; no caller sees a byte of a file that failed.
     """
-    _size_checked(path, size)
+    size_checked(path, size)
     buffer = torch.empty(size, dtype=torch.uint8)
     view = buffer.numpy().data if size else memoryview(b"")
     blocks = [(start, min(_READ_BLOCK, size - start)) for start in range(0, size, _READ_BLOCK)]
@@ -200,7 +220,7 @@ def read_verified(path: Path, algorithm: str, expected: int, size: int) -> torch
         start, length = blocks[i]
         digest.update(view[start : start + length])
 
-    _read_ranges(path, view, blocks, hash_block)
+    read_ranges(path, [(start, [view[start : start + n]]) for start, n in blocks], hash_block)
     if digest.intdigest() != expected:
         raise CheckpointDamagedError(f"{path.name} fails its checksum (corrupted)")
     return buffer
@@ -276,13 +296,13 @@ def read_blocks_verified(
                 f"{path.name} fails its checksum in bytes {start}..{start + length} (corrupted)"
             )
 
-    _read_ranges(path, view, ranges, check)
+    read_ranges(path, [(start, [view[start : start + n]]) for start, n in ranges], check)
     return buffer
 
 
 def _checked_blocks(path: Path, size: int, block_bytes: int, digests: list[int]) -> int:
     """The number of blocks of ``path``, after checking its size and its count of checksums."""
-    _size_checked(path, size)
+    size_checked(path, size)
     count = -(-size // block_bytes)
     if len(digests) != count:
         raise CheckpointDamagedError(
@@ -297,6 +317,47 @@ def _block_span(start: int, length: int, size: int, block_bytes: int) -> tuple[i
     if end <= first:
         return None
     return first // block_bytes, (end - 1) // block_bytes + 1
+
+
+def _window_groups(
+    path: Path,
+    size: int,
+    block_bytes: int,
+    digests: list[int],
+    wanted: list[tuple[int, int]],
+    window_bytes: int,
+) -> tuple[list[tuple[int, int, list[int]]], list[int]]:
+    """The ranges ``wanted`` grouped in file order into windows of whole blocks, about
+    ``window_bytes`` each (a larger range gets a window of its own): ``(first block, end block,
+    members)`` per window, and the ranges that are empty or outside the file. Checks the file's
+    size and its count of checksums first (CheckpointDamagedError)."""
+    _checked_blocks(path, size, block_bytes, digests)
+    spans = [_block_span(start, length, size, block_bytes) for start, length in wanted]
+    order = sorted((span[0], span[1], i) for i, span in enumerate(spans) if span is not None)
+    empty = [i for i, span in enumerate(spans) if span is None]
+    groups: list[tuple[int, int, list[int]]] = []
+    for first, end, i in order:
+        if groups:
+            g_first, g_end, members = groups[-1]
+            if (max(g_end, end) - g_first) * block_bytes <= window_bytes:
+                groups[-1] = (g_first, max(g_end, end), [*members, i])
+                continue
+        groups.append((first, end, [i]))
+    return groups, empty
+
+
+def _check_window(
+    path: Path, data: memoryview, base: int, first: int, block_bytes: int, digests: list[int]
+) -> None:
+    """Check each block of ``data`` (the file's bytes from block ``first`` on, at ``base``)."""
+    for b in range(first, first + -(-data.nbytes // block_bytes)):
+        start = (b - first) * block_bytes
+        block = data[start : min(data.nbytes, start + block_bytes)]
+        if xxhash.xxh3_64_intdigest(block) != digests[b]:
+            raise CheckpointDamagedError(
+                f"{path.name} fails its checksum in bytes {base + start}.."
+                f"{base + start + block.nbytes} (corrupted)"
+            )
 
 
 WINDOW_BYTES = 16 * 2**20
@@ -330,20 +391,9 @@ def read_windows_verified(
                 start, length = ranges[i]
                 target[i].copy_(buffer[start - base : start - base + length])
     """
-    _checked_blocks(path, size, block_bytes, digests)
-    spans = [_block_span(start, length, size, block_bytes) for start, length in wanted]
-    order = sorted((span[0], span[1], i) for i, span in enumerate(spans) if span is not None)
-    if len(order) != len(wanted):  # empty or outside the file: nothing to read for them
-        empty = [i for i, span in enumerate(spans) if span is None]
+    groups, empty = _window_groups(path, size, block_bytes, digests, wanted, window_bytes)
+    if empty:  # empty or outside the file: nothing to read for them
         yield torch.empty(0, dtype=torch.uint8), 0, empty
-    groups: list[tuple[int, int, list[int]]] = []
-    for first, end, i in order:
-        if groups:
-            g_first, g_end, members = groups[-1]
-            if (max(g_end, end) - g_first) * block_bytes <= window_bytes:
-                groups[-1] = (g_first, max(g_end, end), [*members, i])
-                continue
-        groups.append((first, end, [i]))
     if not groups:
         return
     largest = max((end - first) * block_bytes for first, end, _ in groups)
@@ -364,18 +414,77 @@ def read_windows_verified(
                 base = first * block_bytes
                 length = min(size, end * block_bytes) - base
                 _read_exactly(fd, path, view[:length], base)
-                for b in range(first, end):
-                    start = (b - first) * block_bytes
-                    block = view[start : min(length, start + block_bytes)]
-                    if xxhash.xxh3_64_intdigest(block) != digests[b]:
-                        raise CheckpointDamagedError(
-                            f"{path.name} fails its checksum in bytes {base + start}.."
-                            f"{base + start + block.nbytes} (corrupted)"
-                        )
+                _check_window(path, view[:length], base, first, block_bytes, digests)
                 if hand_over:
                     yield buffer[:length], base, members
     finally:
         os.close(fd)
+
+
+def map_windows_verified(
+    path: Path,
+    size: int,
+    block_bytes: int,
+    digests: list[int],
+    wanted: list[tuple[int, int]],
+    *,
+    window_bytes: int = WINDOW_BYTES,
+) -> Iterator[tuple[torch.Tensor, int, list[int]]]:
+    """:func:`read_windows_verified` for a file whose every block was just read and checked
+    (so its pages are in the page cache): each window is a read-only view of the file mapped
+    in memory, checked again block by block (in a helper thread, one window ahead) before it is
+    handed over. No bytes are copied on the way: a window goes from the page cache straight to
+    its target, which is what makes the second pass of a verified resume nearly free.
+
+        for window, base, indices in map_windows_verified(path, size, 4 << 20, digests, ranges):
+            ...                                   # read-only: copy out, never write into it
+
+    The mapping is read after the caller's own check of the whole file: a file cut short in
+    between could not be read through it (a committed checkpoint's files are never rewritten).
+    """
+    groups, empty = _window_groups(path, size, block_bytes, digests, wanted, window_bytes)
+    if empty:
+        yield torch.empty(0, dtype=torch.uint8), 0, empty
+    if not groups:
+        return
+    try:
+        with path.open("rb") as f:
+            if os.fstat(f.fileno()).st_size != size:
+                raise OSError(
+                    f"it changed size while being read, to {os.fstat(f.fileno()).st_size}"
+                )
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)  # page tables at once
+            mapped = mmap.mmap(f.fileno(), size, flags=flags, prot=mmap.PROT_READ)
+    except OSError as err:
+        raise CheckpointDamagedError(
+            f"{path.name} cannot be read ({err.strerror or err})"
+        ) from None
+    view = memoryview(mapped)
+    with warnings.catch_warnings():  # read-only on purpose: windows are only copied from
+        warnings.filterwarnings("ignore", "The given buffer is not writable")
+        whole = torch.frombuffer(mapped, dtype=torch.uint8)
+
+    def check(group: tuple[int, int, list[int]]) -> None:
+        first, end, _ = group
+        base = first * block_bytes
+        _check_window(
+            path, view[base : min(size, end * block_bytes)], base, first, block_bytes, digests
+        )
+
+    try:
+        with ThreadPoolExecutor(1) as ahead:
+            checked = ahead.submit(check, groups[0])
+            for k, (first, end, members) in enumerate(groups):
+                checked.result()  # CheckpointDamagedError before the window is handed over
+                if k + 1 < len(groups):
+                    checked = ahead.submit(check, groups[k + 1])
+                base = first * block_bytes
+                yield whole[base : min(size, end * block_bytes)], base, members
+    finally:
+        del whole
+        with contextlib.suppress(BufferError):  # a window still held: closed when it goes
+            view.release()
+            mapped.close()
 
 
 def _read_exactly(fd: int, path: Path, view: memoryview, offset: int) -> None:

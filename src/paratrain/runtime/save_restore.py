@@ -31,7 +31,8 @@ import torch.distributed as dist
 
 from paratrain.checkpoint.manifest import Manifest
 from paratrain.checkpoint.plain_data import plain
-from paratrain.checkpoint.restore import Staged, load_trainer, load_unit
+from paratrain.checkpoint.restore import Staged, load_trainer, load_unit, stems
+from paratrain.checkpoint.state import adoptable
 from paratrain.checkpoint.store import CheckpointStore, SaveRequest, distributed
 from paratrain.data.loader import DeviceLoader
 from paratrain.errors import CheckpointDamagedError, CheckpointError, ConfigError
@@ -183,7 +184,7 @@ def resume(
             "checkpoint's extras before building the model, use run.latest_checkpoint()."
         )
     half_loaded: list[Path] = []
-    for staged, manifest in _newest_intact(store, warn):
+    for staged, manifest in _newest_intact(store, warn, adopt=_adopting(pieces)):
         trainer = staged.trainer()
         failure: CheckpointDamagedError | None = None
         try:
@@ -465,8 +466,32 @@ def clear_preempted(store: CheckpointStore) -> None:
             (Path(store.location) / PREEMPTED_MARK).unlink()
 
 
+def _adopting(pieces: Pieces) -> Callable[[Manifest], set[str]]:
+    """The model files of a checkpoint to read into fresh tensors that the models take as they
+    are (:meth:`ModuleLoader.adopt`): those of whole models on the CPU. The others are copied
+    into their models from the page cache."""
+
+    def files(manifest: Manifest) -> set[str]:
+        if pieces.layout.partial or pieces.layout.sharded:
+            return set()
+        units = {u.name: u for u in pieces.tracked.units}
+        saved = list(manifest.models)
+        if len(saved) == 1 and len(units) == 1:  # one model each: names need not match
+            units = {saved[0]: next(iter(units.values()))}
+        return {
+            f"{stems(name)[0]}.safetensors"
+            for name, unit in units.items()
+            if adoptable(pieces.layout.unwrap(unit.module))
+        }
+
+    return files
+
+
 def _newest_intact(
-    store: CheckpointStore, warn: Callable[[str], None]
+    store: CheckpointStore,
+    warn: Callable[[str], None],
+    *,
+    adopt: Callable[[Manifest], set[str]],
 ) -> Iterator[tuple[Staged, Manifest]]:
     """Checkpoints whose files read back intact on every rank, newest first, each read once.
 
@@ -478,7 +503,7 @@ def _newest_intact(
     listed = _from_rank0(store.candidates() if _rank() == 0 else [])
     for folder, manifest in listed:
         try:
-            staged: Staged | None = store.read(folder, manifest)
+            staged: Staged | None = store.read(folder, manifest, adopt(manifest))
             problem = ""
         except CheckpointError as err:
             staged, problem = None, str(err)
