@@ -34,6 +34,13 @@ def test_auto_picks_cpu_single_and_ddp_and_says_why() -> None:
     assert single.strategy.name == "single" and "--nproc 4" in single.reason
 
 
+def test_strategy_cpu_trains_on_the_cpu_where_gpus_are_visible() -> None:
+    cpu = select_strategy(RunConfig(strategy="cpu"), topo(), gpus=2)
+    assert (cpu.strategy.device, cpu.backend) == (torch.device("cpu"), "gloo")
+    with pytest.raises(ConfigError, match="strategy='single'"):
+        select_strategy(RunConfig(strategy="cpu", accelerator="cuda"), topo(), gpus=2)
+
+
 def test_gpu_is_chosen_by_local_rank() -> None:
     sel = select_strategy(RunConfig(strategy="ddp"), topo(world=16, local_world=8, rank=9), gpus=8)
     assert sel.strategy.device == torch.device("cuda", 1) and sel.backend == "nccl"

@@ -4,7 +4,8 @@
     tensors["0.weight::exp_avg"]          # its own storage, every byte of the file checked
 
 The file is read once: reader threads scatter each block's bytes into the tensors it covers
-(``preadv`` into several buffers), while this thread checks each block as it arrives. Each
+(``preadv`` into several buffers) and check the block right away, while its bytes are still in
+the CPU's caches (a file with one checksum for the whole is checked here, in file order). Each
 tensor gets a storage of its own, as ``torch.load`` gives: nothing else is kept alive by one of
 them, and the model can adopt them without a copy (:meth:`ModuleLoader.adopt`). The bytes that
 were checked are the bytes the tensors hold; no second pass reads them again.
@@ -51,10 +52,18 @@ def read_tensors_verified(path: Path, record: FileRecord) -> dict[str, torch.Ten
     block = record.block_bytes if record.blocks is not None else _RANGE_BYTES
     assert block is not None
     ranges = _ranges(record.bytes, block, segments)
-    read_ranges(path, ranges, _checker(path, record, ranges, block))
+    check = _checker(path, record, ranges, block)
+    if record.blocks is not None:  # each block checked by the thread that read it
+        read_ranges(path, ranges, _nothing, in_reader=check)
+    else:  # one running checksum: in file order, here
+        read_ranges(path, ranges, check)
     if header != head:  # the layout came from an unchecked read of the header
         raise CheckpointDamagedError(f"{path.name} changed while it was read")
     return tensors
+
+
+def _nothing(i: int) -> None:
+    pass
 
 
 def _layout(path: Path, size: int) -> tuple[bytes, list[StoredTensor]]:

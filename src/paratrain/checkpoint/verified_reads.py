@@ -144,11 +144,17 @@ def _read_pieces(fd: int, pieces: list[memoryview], offset: int) -> None:
 
 
 def read_ranges(
-    path: Path, ranges: list[tuple[int, list[memoryview]]], consume: Callable[[int], None]
+    path: Path,
+    ranges: list[tuple[int, list[memoryview]]],
+    consume: Callable[[int], None],
+    *,
+    in_reader: Callable[[int], None] | None = None,
 ) -> None:
     """Read each ``(offset, pieces)`` of ``ranges``: the file's bytes from ``offset`` on fill
     ``pieces`` in order (scattered into as many buffers as needed). ``consume(i)`` is called in
-    order as range ``i`` arrives (ranges must not overlap).
+    order as range ``i`` arrives (ranges must not overlap); ``in_reader(i)``, if given, by the
+    thread that read range ``i``, right after it (while its bytes are still in the CPU's caches:
+    a per-block checksum), in any order. A CheckpointDamagedError from either is raised as is.
 
     Reader threads, each with its own descriptor and a contiguous run of ranges (so the kernel
     reads ahead for each), fill the memory (``os.preadv`` releases the GIL) while this thread
@@ -173,6 +179,8 @@ def read_ranges(
             for i in range(first, min(first + share, len(ranges))):
                 offset, pieces = ranges[i]
                 _read_pieces(fd, list(pieces), offset)
+                if in_reader is not None:
+                    in_reader(i)
                 done[i].set()
         except BaseException as err:  # handed to the consuming side
             failures.append(err)
@@ -197,6 +205,8 @@ def read_ranges(
             thread.join()
     if failures:
         failure = failures[0]
+        if isinstance(failure, CheckpointDamagedError):
+            raise failure
         text = (
             failure.strerror if isinstance(failure, OSError) and failure.strerror else str(failure)
         )

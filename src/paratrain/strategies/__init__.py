@@ -54,7 +54,15 @@ def strategy_class(name: str) -> type[Strategy]:
 
 
 def resolve_accelerator(config: RunConfig, gpus: int) -> str:
-    """``cpu`` or ``cuda``; ``cuda`` asked on a machine without GPUs is an error."""
+    """``cpu`` or ``cuda``; ``cuda`` asked on a machine without GPUs is an error, and so is
+    ``cuda`` with strategy ``cpu`` (which trains on the CPU wherever GPUs are visible)."""
+    if config.strategy == "cpu":
+        if config.accelerator == "cuda":
+            raise ConfigError(
+                "strategy='cpu' trains on the CPU, but accelerator='cuda' was asked for. Use "
+                "strategy='single' (one GPU) or 'auto', or drop accelerator='cuda'."
+            )
+        return "cpu"
     if config.accelerator == "auto":
         return "cuda" if gpus > 0 else "cpu"
     if config.accelerator == "cuda" and gpus == 0:
