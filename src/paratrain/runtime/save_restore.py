@@ -251,10 +251,8 @@ def _restore_units(
     trainer: dict[str, Any],
     warn: Any,
 ) -> None:
-    units = {u.name: u for u in pieces.tracked.units}
+    units = _units_by_saved_name(pieces, manifest)
     saved = list(manifest.models)
-    if len(saved) == 1 and len(units) == 1:  # one model each: names need not match
-        units = {saved[0]: next(iter(units.values()))}
 
     def restore(name: str) -> Any:
         def apply(unit: Unit) -> None:
@@ -474,17 +472,23 @@ def _adopting(pieces: Pieces) -> Callable[[Manifest], set[str]]:
     def files(manifest: Manifest) -> set[str]:
         if pieces.layout.partial or pieces.layout.sharded:
             return set()
-        units = {u.name: u for u in pieces.tracked.units}
-        saved = list(manifest.models)
-        if len(saved) == 1 and len(units) == 1:  # one model each: names need not match
-            units = {saved[0]: next(iter(units.values()))}
         return {
             f"{stems(name)[0]}.safetensors"
-            for name, unit in units.items()
+            for name, unit in _units_by_saved_name(pieces, manifest).items()
             if adoptable(pieces.layout.unwrap(unit.module))
         }
 
     return files
+
+
+def _units_by_saved_name(pieces: Pieces, manifest: Manifest) -> dict[str, Unit]:
+    """The run's models by the name they have in the checkpoint (one model each: whatever
+    the names)."""
+    units = {u.name: u for u in pieces.tracked.units}
+    saved = list(manifest.models)
+    if len(saved) == 1 and len(units) == 1:
+        units = {saved[0]: next(iter(units.values()))}
+    return units
 
 
 def _newest_intact(
