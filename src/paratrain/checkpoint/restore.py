@@ -78,8 +78,8 @@ class Staged:
     """The tensors of the safetensors files read whole, by file name."""
 
     def tensors(self, name: str) -> dict[str, torch.Tensor]:
-        """The tensors of the safetensors file ``name`` (read whole and verified now if it was
-        only checked, to be copied into the model in windows)."""
+        """The tensors of the safetensors file ``name``, each in a storage of its own (read and
+        verified now if it was only checked: a model that torch loads whole)."""
         if name not in self.files:
             record = self.manifest.files.get(name)
             if record is None:
