@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -237,3 +238,88 @@ def test_a_damaged_optimizer_file_leaves_the_model_as_it_was(tmp_path: Path) -> 
     for key, value in before.items():
         assert torch.equal(fresh.state_dict()[key], value), key
     assert Manifest.read(folder).files["optimizer.safetensors"].bytes == len(raw)
+
+
+def _round_trip(tmp_path: Path, make: Any) -> tuple[dict[str, Any], torch.Tensor]:
+    """Save the models ``make(0)`` builds, resume them into ``make(1)``'s; the first model's
+    ``weight.data`` is taken (by user code, say) before the resume."""
+    saved = make(0)
+    with pt.Run(progress=False, ckpt_dir=tmp_path, seed=0) as run:
+        for i, model in enumerate(saved["models"]):
+            run.setup(model, name=f"m{i}")
+        run.save()
+    fresh = make(1)
+    held = fresh["models"][0].weight.data
+    with pt.Run(progress=False, ckpt_dir=tmp_path, seed=0) as run:
+        for i, model in enumerate(fresh["models"]):
+            run.setup(model, name=f"m{i}")
+        run.resume()
+    for got, want in zip(fresh["models"], saved["models"], strict=True):
+        for key, value in want.state_dict().items():
+            assert torch.equal(got.state_dict()[key], value), key
+    return fresh, held
+
+
+def test_storage_held_outside_the_model_keeps_seeing_the_loaded_values(tmp_path: Path) -> None:
+    """As after load_state_dict: a held ``.data``, a user's flat buffer the weight views, and a
+    storage shared by two models all see the resumed values (those tensors are copied into)."""
+
+    def held_data(seed: int) -> dict[str, Any]:
+        torch.manual_seed(seed)
+        return {"models": [nn.Linear(4, 2)]}
+
+    fresh, held = _round_trip(tmp_path / "a", held_data)
+    assert torch.equal(held, fresh["models"][0].weight)
+
+    def flat_buffer(seed: int) -> dict[str, Any]:
+        torch.manual_seed(seed)
+        flat, model = torch.randn(8), nn.Linear(4, 2, bias=False)
+        model.weight = nn.Parameter(flat.view(2, 4))
+        return {"models": [model], "flat": flat}
+
+    fresh, _ = _round_trip(tmp_path / "b", flat_buffer)
+    assert torch.equal(fresh["flat"].view(2, 4), fresh["models"][0].weight)
+
+    def two_models(seed: int) -> dict[str, Any]:
+        torch.manual_seed(seed)
+        a, b = nn.Linear(4, 4), nn.Linear(4, 4)
+        b.weight.data = a.weight.data
+        return {"models": [a, b]}
+
+    fresh, _ = _round_trip(tmp_path / "c", two_models)
+    assert fresh["models"][0].weight.data_ptr() == fresh["models"][1].weight.data_ptr()
+
+
+def test_float64_after_a_narrower_tensor_and_a_parent_s_pre_hook_resume_as_torch_loads(
+    tmp_path: Path,
+) -> None:
+    """float64 weights with Adam (a float32 ``step`` beside them) resume; a pre-hook on a
+    parent module that rewrites a child's keys is applied, as load_state_dict applies it."""
+
+    class Parent(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.child = nn.Linear(3, 2).double()
+            self.register_buffer("flag", torch.ones(3, dtype=torch.bool))
+            self._register_load_state_dict_pre_hook(self._shift)
+
+        @staticmethod
+        def _shift(state: dict[str, torch.Tensor], prefix: str, *args: object) -> None:
+            state[prefix + "child.bias"] = state[prefix + "child.bias"] + 1
+
+    torch.manual_seed(0)
+    saved = Parent()
+    opt = torch.optim.Adam(saved.parameters())
+    saved.child(torch.randn(4, 3, dtype=torch.float64)).sum().backward()
+    opt.step()
+    with pt.Run(progress=False, ckpt_dir=tmp_path, seed=0) as run:
+        run.setup(saved, opt)
+        run.save()
+    reference = Parent()
+    reference.load_state_dict(saved.state_dict())
+    fresh = Parent()
+    with pt.Run(progress=False, ckpt_dir=tmp_path, seed=0) as run:
+        run.setup(fresh, torch.optim.Adam(fresh.parameters()))
+        assert run.resume() is not None
+    for key, value in reference.state_dict().items():
+        assert torch.equal(fresh.state_dict()[key], value), key

@@ -58,7 +58,9 @@ def safetensors_chunks(
     header: dict[str, object] = {}
     views: list[memoryview] = []
     offset = 0
-    for name, tensor in tensors.items():
+    # Wider elements first (stable): every tensor then starts at a multiple of its element size,
+    # as views of the file's bytes need, with no padding (the format allows none).
+    for name, tensor in sorted(tensors.items(), key=lambda item: -item[1].element_size()):
         if tensor.dtype not in _ST_DTYPES:
             raise CheckpointError(
                 f"{name} is a {tensor.dtype} tensor, which the safetensors format cannot hold. "
@@ -128,9 +130,13 @@ def safetensors_header_bytes(first: memoryview, size: int, name: str) -> int:
     return length
 
 
-def safetensors_entries(header: memoryview, size: int, name: str) -> list[StoredTensor]:
+def safetensors_entries(
+    header: memoryview, size: int, name: str, *, aligned: bool = True
+) -> list[StoredTensor]:
     """The tensors listed by a safetensors ``header`` (the JSON after the length) of a file of
-    ``size`` bytes, in the header's order; every entry checked against the file's bounds."""
+    ``size`` bytes, in the header's order; every entry checked against the file's bounds, and
+    (``aligned``: to be viewed in the file's bytes) to start at a multiple of its element
+    size."""
     start = 8 + len(header)
     out = []
     try:
@@ -148,7 +154,9 @@ def safetensors_entries(header: memoryview, size: int, name: str) -> list[Stored
                 count *= d
             if min(shape, default=0) < 0 or not 0 <= begin <= end <= size - start:
                 raise ValueError(f"{key} lies outside the file")
-            if end - begin != count * dtype.itemsize or (start + begin) % dtype.itemsize:
+            if end - begin != count * dtype.itemsize or (
+                aligned and (start + begin) % dtype.itemsize
+            ):
                 raise ValueError(f"{key} does not match its shape {shape}")
             out.append(StoredTensor(key, dtype, shape, start + begin, end - begin))
     except (ValueError, KeyError, TypeError, RuntimeError) as err:

@@ -105,7 +105,9 @@ class ModuleLoader:
     tensors are left out, not refused.
     """
 
-    def __init__(self, target: nn.Module, own: dict[str, Any], partial: bool = False) -> None:
+    def __init__(
+        self, target: nn.Module, own: dict[str, list[int] | None], partial: bool = False
+    ) -> None:
         self._own = own
         self._modules = dict(target.named_modules(remove_duplicate=False))
         self.partial = partial
@@ -117,15 +119,23 @@ class ModuleLoader:
     @staticmethod
     def of(target: nn.Module, *, partial: bool = False) -> ModuleLoader | None:
         """A loader for ``target``, or None when it must be loaded whole by torch (sharded or
-        split tensors, keys that differ from the portable names, load post-hooks)."""
+        split tensors, keys that differ from the portable names, load post-hooks, a load
+        pre-hook on a module with children)."""
         tensors = (*target.parameters(), *target.buffers())
         if any(isinstance(t, DTensor) for t in tensors):
             return None
         if any(m._load_state_dict_post_hooks for m in target.modules()):
             return None
-        own = get_model_state_dict(target)
-        if list(own) != list(target.state_dict(keep_vars=True)):
+        if any(
+            m._load_state_dict_pre_hooks and any(True for _ in m.children())
+            for m in target.modules()
+        ):
+            return None  # a parent's pre-hook may rewrite its children's keys
+        state = get_model_state_dict(target)
+        if list(state) != list(target.state_dict(keep_vars=True)):
             return None  # wrapper prefixes (a compiled module): torch maps the names
+        # Shapes only: holding the state's tensors would hold the model's storages too.
+        own = {k: list(v.shape) if isinstance(v, torch.Tensor) else None for k, v in state.items()}
         return ModuleLoader(target, own, partial)
 
     def check(self, shapes: dict[str, list[int]]) -> None:
@@ -135,9 +145,9 @@ class ModuleLoader:
         missing = [k for k in own if k not in shapes]
         unexpected = [] if self.partial else [k for k in shapes if k not in own]
         wrong = [
-            f"{k} is {tuple(shapes[k])} in the checkpoint, {tuple(t.shape)} in the model"
-            for k, t in own.items()
-            if k in shapes and isinstance(t, torch.Tensor) and list(t.shape) != list(shapes[k])
+            f"{k} is {tuple(shapes[k])} in the checkpoint, {tuple(shape)} in the model"
+            for k, shape in own.items()
+            if k in shapes and shape is not None and shape != list(shapes[k])
         ]
         problems = [
             *([f"missing keys {_some(missing)}"] if missing else []),
@@ -181,7 +191,6 @@ class ModuleLoader:
         one more copy of the weights, as ``torch.load`` does, and no time for copying them.
         """
         self.check({name: list(t.shape) for name, t in tensors.items()})
-        shared = _shared_storages(self._modules.values())
         copied: dict[str, torch.Tensor] = {}
         with torch.no_grad():
             for name, new in tensors.items():
@@ -190,7 +199,7 @@ class ModuleLoader:
                 own = module._parameters.get(leaf)
                 if own is None:
                     own = module._buffers.get(leaf)
-                if _plain_loading(module) and own is not None and _takes(own, new, shared):
+                if _plain_loading(module) and own is not None and _takes(own, new):
                     own.data = new
                 else:
                     copied[name] = new
@@ -207,24 +216,19 @@ def _plain_loading(module: nn.Module) -> bool:
     )
 
 
-def _shared_storages(modules: Any) -> set[int]:
-    """Storages (by address) that more than one of the modules' tensors use."""
-    seen: dict[int, int] = {}
-    tensors = {
-        id(t): t
-        for m in modules
-        for t in (*m._parameters.values(), *m._buffers.values())
-        if t is not None
-    }
-    for t in tensors.values():
-        address = t.untyped_storage().data_ptr()
-        seen[address] = seen.get(address, 0) + 1
-    return {address for address, count in seen.items() if count > 1}
+def _held_by_it_alone(tensor: torch.Tensor) -> bool:
+    """Whether nothing but ``tensor`` holds its storage: no view, ``.data`` alias, tied tensor
+    or user buffer would keep seeing the old values if it took another storage."""
+    count = getattr(torch._C, "_storage_Use_Count", None)
+    if count is None:
+        return False
+    storage = tensor.untyped_storage()  # this wrapper holds one reference itself
+    return int(count(storage._cdata)) <= 2
 
 
-def _takes(own: torch.Tensor, new: torch.Tensor, shared: set[int]) -> bool:
+def _takes(own: torch.Tensor, new: torch.Tensor) -> bool:
     """Whether ``own`` can take ``new``'s storage and stay what it was: a plain CPU tensor of
-    the same dtype, shape and strides, the whole of a storage that no other tensor uses."""
+    the same dtype, shape and strides, the whole of a storage that nothing else holds."""
     return (
         type(own) in (nn.Parameter, torch.Tensor)
         and own.device.type == "cpu"
@@ -234,8 +238,8 @@ def _takes(own: torch.Tensor, new: torch.Tensor, shared: set[int]) -> bool:
         and own.stride() == new.stride()  # the same layout (channels_last stays so)
         and own.storage_offset() == 0
         and own.untyped_storage().nbytes() == own.nbytes
-        and own.untyped_storage().data_ptr() not in shared
         and new.is_contiguous()
+        and _held_by_it_alone(own)
     )
 
 

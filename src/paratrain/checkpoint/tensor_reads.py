@@ -79,7 +79,8 @@ def _layout(path: Path, size: int) -> tuple[bytes, list[StoredTensor]]:
             f"{path.name} cannot be read ({err.strerror or err})"
         ) from None
     entries = sorted(
-        safetensors_entries(memoryview(head)[8:], size, path.name), key=lambda e: e.start
+        safetensors_entries(memoryview(head)[8:], size, path.name, aligned=False),
+        key=lambda e: e.start,
     )
     for before, after in itertools.pairwise(entries):
         if before.start + before.nbytes > after.start:

@@ -509,7 +509,7 @@ def _newest_intact(
         try:
             staged: Staged | None = store.read(folder, manifest, adopt(manifest))
             problem = ""
-        except CheckpointError as err:
+        except CheckpointDamagedError as err:  # an intact file that cannot be read: raised
             staged, problem = None, str(err)
         if _everywhere(staged is not None) and staged is not None:
             yield staged, manifest
