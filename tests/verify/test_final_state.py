@@ -72,6 +72,8 @@ def test_close_writes_every_registered_piece_and_the_trace_has_every_event(
         "epoch_start_step": 4,
         "last_epoch_steps": 2,
         "mid_epoch_saves": False,
+        "round_open": ["model:0"],
+        "round_members": ["model:0"],
     }
     assert set(state["rng"]) >= {"python", "numpy", "torch"}
     assert state["extras"] == {"best": 0.5}

@@ -45,12 +45,30 @@ from paratrain.checkpoint.verified_reads import (
 from paratrain.errors import CheckpointDamagedError, CheckpointError
 
 
-def _flat_optimizer(folder: Path, optim_stem: str) -> bool:
-    """True when the DCP checkpoint in ``folder`` keys optimizer settings by parameter name
+def _flat_optimizer(keys: Collection[str], optim_stem: str) -> bool:
+    """True when a DCP checkpoint with these ``keys`` keys optimizer settings by parameter name
     (a pipeline wrote it) rather than by group (``<stem>.param_groups.<i>.params`` lists)."""
     grouped = re.compile(rf"{re.escape(optim_stem)}\.param_groups\.\d+\.params")
-    keys = read_metadata(folder / "dcp").state_dict_metadata
     return not any(grouped.fullmatch(key) for key in keys)
+
+
+def _saved_state_only(
+    optim_sd: dict[str, Any], keys: Collection[str], optim_stem: str, *, flat: bool
+) -> dict[str, Any]:
+    """The load target of an optimizer cut to the per-parameter state the checkpoint holds: an
+    optimizer saved before its first step has none, and resumes with none."""
+    if flat:
+        return {
+            k: v
+            for k, v in optim_sd.items()
+            if not k.startswith("state.") or f"{optim_stem}.{k}" in keys
+        }
+    state = {}
+    for fqn, entries in optim_sd.get("state", {}).items():
+        kept = {k: v for k, v in entries.items() if f"{optim_stem}.state.{fqn}.{k}" in keys}
+        if kept:
+            state[fqn] = kept
+    return {**optim_sd, "state": state}
 
 
 def stems(name: str) -> tuple[str, str]:
@@ -231,11 +249,12 @@ def load_unit(
     folder = staged.folder
     model_stem, optim_stem = stems(name)
     if (folder / "dcp").is_dir():
-        flat = _flat_optimizer(folder, optim_stem)
-        model_sd, optim_sd = st.collect(target, optimizers, full=False, flat=flat)
+        keys = set(read_metadata(folder / "dcp").state_dict_metadata)
+        flat = _flat_optimizer(keys, optim_stem)
+        model_sd, optim_sd = st.collect(target, optimizers, full=False, flat=flat, create=True)
         state: dict[str, Any] = {model_stem: model_sd}
         if optim_sd:
-            state[optim_stem] = optim_sd
+            state[optim_stem] = _saved_state_only(optim_sd, keys, optim_stem, flat=flat)
         records = {
             name[len("dcp/") :]: record
             for name, record in staged.manifest.files.items()

@@ -11,6 +11,8 @@ one strategy loads under any other.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -37,11 +39,15 @@ def collect(
     full: bool,
     offload: bool | None = None,
     flat: bool = False,
+    create: bool = False,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(model state, state of all its optimizers); ``full`` gathers sharded tensors.
 
     Full states are copied to CPU unless ``offload=False`` (the caller stages them itself).
     ``flat``: optimizer settings keyed by parameter name (pipeline stages, DCP only).
+    An optimizer that has not stepped yet has no state, and is saved without: torch's helper
+    would create its state by a step with zero gradients (Adam then counts that step).
+    ``create=True`` lets it (the target of a sharded load needs every tensor laid out).
     """
     options = StateDictOptions(
         full_state_dict=full,
@@ -50,8 +56,34 @@ def collect(
     )
     if not optimizers:
         return get_model_state_dict(target, options=options), {}
-    model_sd, optim_sd = get_state_dict(target, optimizers, options=options)
+    with contextlib.nullcontext() if create else no_state_created(optimizers):
+        model_sd, optim_sd = get_state_dict(target, optimizers, options=options)
     return model_sd, optim_sd
+
+
+@contextlib.contextmanager
+def no_state_created(optimizers: list[Optimizer]) -> Iterator[None]:
+    """Keep torch's state-dict helpers from stepping an optimizer that has no state yet.
+
+    ``get_state_dict``/``set_optimizer_state_dict`` initialise an empty optimizer with a step on
+    zero gradients unless a parameter already has a gradient; a save before the first step would
+    then leave Adam with ``step=1`` and change training. A zero gradient on one parameter of each
+    such optimizer, removed afterwards, tells torch the state is as it should be.
+    """
+    lent: list[torch.Tensor] = []
+    for optimizer in optimizers:
+        if optimizer.state:
+            continue
+        params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+        if params and all(p.grad is None for p in params):
+            smallest = min(params, key=lambda p: p.numel())
+            smallest.grad = torch.zeros_like(smallest)
+            lent.append(smallest)
+    try:
+        yield
+    finally:
+        for param in lent:
+            param.grad = None
 
 
 def apply(
@@ -76,14 +108,15 @@ def apply(
         if optimizers and optim_sd:
             if full and _load_optimizers_by_name(target, optimizers, optim_sd):
                 return
-            set_optimizer_state_dict(
-                target,
-                optimizers,
-                optim_sd,
-                options=StateDictOptions(
-                    full_state_dict=full_optim, strict=True, flatten_optimizer_state_dict=flat
-                ),
-            )
+            with no_state_created(optimizers):
+                set_optimizer_state_dict(
+                    target,
+                    optimizers,
+                    optim_sd,
+                    options=StateDictOptions(
+                        full_state_dict=full_optim, strict=True, flatten_optimizer_state_dict=flat
+                    ),
+                )
     except (RuntimeError, KeyError, ValueError) as err:
         raise CheckpointError(
             f"The checkpoint does not fit this model/optimizer: {str(err).strip(' .')}. Resume "

@@ -48,8 +48,16 @@ class Console:
         self.trackers.warn = self.warn
         self._metrics: Any = None
 
-    def print(self, *values: object, sep: str = " ", end: str = "\n", file: Any = None) -> None:
-        """``print`` on the main process; a no-op elsewhere."""
+    def print(
+        self,
+        *values: object,
+        sep: str | None = " ",
+        end: str | None = "\n",
+        file: Any = None,
+        flush: bool = True,
+    ) -> None:
+        """``print`` on the main process (with print's keywords; always flushed, so lines of
+        several ranks and of paratrain keep their order); a no-op elsewhere."""
         if self.is_main:
             print(*values, sep=sep, end=end, file=file or sys.stdout, flush=True)
 

@@ -1,8 +1,9 @@
 """What happens as the training loop moves, whatever the loop's shape.
 
     hooks = LoopHooks(LoopParts(config=..., console=..., ...))   # made by Run
-    hooks.loop_action()          # from epochs/progress/accumulate/backward/step/save: the loop is
-                                 # running, so a restarted worker resumes now (once)
+    hooks.loop_action("backward")  # from epochs/progress/accumulate/backward/step/save: the loop
+                                   # runs, so a restarted worker resumes now (once); after a
+                                   # complete round, a preemption signal is acted on here
     hooks.last_micro_batch(key)  # is this micro-batch the last of the driving loader's pass?
 
 Also the callbacks a :class:`paratrain.data.loader.DeviceLoader` makes (a pass starts, a batch
@@ -18,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from paratrain.config import RunConfig
@@ -32,9 +34,33 @@ from paratrain.runtime.console import Console
 from paratrain.runtime.loop_state import LoopState
 from paratrain.runtime.preemption import PREEMPTED_EXIT, Preemption
 from paratrain.runtime.registry import Registry
+from paratrain.runtime.rng import capture_rng, restore_rng
 from paratrain.runtime.seeding import seed_rank_stream
 from paratrain.runtime.stats import StatsWriter
 from paratrain.strategies import Strategy
+
+_SAFE_ENTRIES = frozenset({"accumulate", "backward", "save", "epochs", "progress"})
+"""Loop entries that may be a safe point (not ``step``: its gradients are not applied yet)."""
+
+
+@dataclass(frozen=True)
+class _Rewind:
+    """The random generators and model buffers at a round's end, put back before a save taken
+    at the next ``run.backward`` (the forward in between drew numbers and updated buffers)."""
+
+    rng: dict[str, Any]
+    buffers: list[tuple[torch.Tensor, torch.Tensor]]
+
+    @staticmethod
+    def capture(tracked: Registry) -> _Rewind:
+        buffers = [(b, b.detach().clone()) for u in tracked.units for b in u.module.buffers()]
+        return _Rewind(capture_rng(), buffers)
+
+    def apply(self) -> None:
+        restore_rng(self.rng)
+        with torch.no_grad():
+            for live, saved in self.buffers:
+                live.copy_(saved)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,6 +106,10 @@ class LoopHooks:
         self._settled = False
         self._alone: bool | None = None
         self._staging_prepared = False
+        self._round_done = parts.preemption is not None
+        """True from the end of a round (and the run's start) to the next safe point (with
+        preemption signals only)."""
+        self._rewind: _Rewind | None = None
         """True once :meth:`loop_action` has nothing left to do but tell the watchdog."""
         LoopHooks._runs_made += 1
         self._run_number = LoopHooks._runs_made
@@ -110,26 +140,63 @@ class LoopHooks:
         self.progress()
 
     def safe_point(self) -> None:
-        """Before a training batch is handed out (or after a step of a loop without
-        ``run.loader``): where a preemption signal becomes a checkpoint and exit 75."""
+        """Before a training batch is handed out: the first fetch after a complete round (no
+        other batch of the iteration handed out yet, every optimizer of the round stepped) is
+        where a preemption signal becomes a checkpoint and exit 75."""
+        if self._round_done and self.run.preemption is not None:
+            self._round_done = False
+            self._stop_if_agreed(rewind=None)
+
+    def _entry_safe_point(self, entry: str) -> None:
+        """The first loop entry after a complete round when no training batch was fetched since
+        (a loop whose batches no loader hands out): ``accumulate`` (before the forward),
+        ``save``, ``epochs``/``progress``; or
+        ``backward``, after the forward, whose random draws and buffer updates (BatchNorm) are
+        rewound to the round's end before the save, so that the rerun makes them again."""
+        if entry not in _SAFE_ENTRIES or not self._round_done:
+            return
+        self._round_done = False
+        rewind, self._rewind = self._rewind, None
+        if entry != "backward":
+            self._stop_if_agreed(rewind=None)
+        elif rewind is not None or not self._is_alone():
+            self._stop_if_agreed(rewind=rewind)
+        # alone, the signal came after the round's end: the next round's end captures it
+
+    def _is_alone(self) -> bool:
+        alone = self._alone
+        if alone is None:  # the group, when there is one, exists from the run's start
+            alone = self._alone = self.run.world_size == 1 or not dist.is_initialized()
+        return alone
+
+    def _stop_if_agreed(self, rewind: _Rewind | None) -> None:
         run = self.run
         preemption = run.preemption
         if preemption is None:
             return
-        alone = self._alone
-        if alone is None:  # the group, when there is one, exists from the run's start
-            alone = self._alone = run.world_size == 1 or not dist.is_initialized()
+        alone = self._is_alone()
         if preemption.quiet(alone=alone):
             return
         if run.windows.pending() or not run.tracked.units:
             return
         store = None if alone else dist.distributed_c10d._get_default_store()
-        attempt = run.checkpoints.parts.env.restart_count
-        key = f"paratrain/preempt/{run.checkpoints.identity.run_id}/{attempt}/{self._run_number}"
         step = run.loop.global_step
         rank = 0 if alone else dist.get_rank()
-        if not preemption.agreed(store, key, step, rank=rank, world=run.world_size):
+        if not preemption.agreed(store, self._preempt_key(), step, rank=rank, world=run.world_size):
             return
+        if rewind is not None:
+            rewind.apply()
+        self._save_and_exit(step)
+
+    def _preempt_key(self) -> str:
+        attempt = self.run.checkpoints.parts.env.restart_count
+        run_id = self.run.checkpoints.identity.run_id
+        return f"paratrain/preempt/{run_id}/{attempt}/{self._run_number}"
+
+    def _save_and_exit(self, step: int) -> None:
+        run = self.run
+        preemption = run.preemption
+        assert preemption is not None
         grace = run.config.preempt_grace_s
 
         def abandon() -> None:
@@ -174,21 +241,18 @@ class LoopHooks:
             watchdog.progress(self.run.loop.global_step)
 
     # -- the loop runs ----------------------------------------------------------------------
-    def loop_action(self, *, saving: bool = False) -> None:
+    def loop_action(self, entry: str = "", *, saving: bool = False) -> None:
         """Called by every training action: resume after a restart, once; refuse another
         run's checkpoints when this run did not resume (``previous_run``), once; start the
         profiler's step count (``Run(profile=...)``), once. Once all three are done, only the
         watchdog hears of it (this runs several times a step)."""
         if self._settled:
+            if self._round_done:
+                self._entry_safe_point("save" if saving else entry)
             self.progress()
             return
-        self.resume_if_restarted()
+        self.resume_if_restarted(saving=saving)
         checkpoints = self.run.checkpoints
-        if self.run.tracked.units and checkpoints.previous_run_pending():
-            if saving:  # a save on some ranks only: its own error, not a hang in the check
-                checkpoints.store.check_every_rank_called()
-            if checkpoints.check_previous_run():
-                self.resume(keep_global_batch=True)  # the newest was saved on preemption
         profiler = self.run.profiler()
         if profiler is not None and not profiler.running and not profiler.done:
             profiler.start(self.run.loop.global_step)
@@ -197,14 +261,26 @@ class LoopHooks:
             and not (checkpoints.auto_resume or checkpoints.previous_run_pending())
             and (profiler is None or profiler.running or profiler.done)
         )
+        if self._round_done:
+            self._entry_safe_point("save" if saving else entry)
         self.progress()
 
-    def resume_if_restarted(self) -> None:
-        """After a torchrun restart: resume from the newest valid checkpoint (once), as soon as
-        a model is set up, whatever the loop's shape. The global batch is kept: an elastic job
-        restarted on fewer (or more) nodes changes grad_accum instead."""
-        if self.run.checkpoints.auto_resume and self.run.tracked.units:
+    def resume_if_restarted(self, *, saving: bool = False) -> None:
+        """As soon as a model is set up, whatever the loop's shape (collective, once): after a
+        torchrun restart, resume from the newest valid checkpoint; in a run that did not
+        resume, refuse another run's checkpoints (``previous_run``), or resume the newest when
+        it was saved on preemption. The global batch is kept: an elastic job restarted on fewer
+        (or more) nodes changes grad_accum instead."""
+        checkpoints = self.run.checkpoints
+        if not self.run.tracked.units:
+            return
+        if checkpoints.auto_resume:
             self.resume(keep_global_batch=True)
+        if checkpoints.previous_run_pending():
+            if saving:  # a save on some ranks only: its own error, not a hang in the check
+                checkpoints.store.check_every_rank_called()
+            if checkpoints.check_previous_run():
+                self.resume(keep_global_batch=True)  # the newest was saved on preemption
 
     def resume(self, *, keep_global_batch: bool) -> dict[str, Any] | None:
         """Restore the newest valid checkpoint into the registered pieces."""
@@ -287,9 +363,10 @@ class LoopHooks:
         self._in_pass[key] = (driver.pass_id, count)
         return driver.pass_length is not None and count >= driver.pass_length
 
-    def stepped(self, *, new_round: bool, stats: StatsWriter | None) -> None:
-        """An optimizer stepped (``new_round``: the first of its round; the global step counts
-        rounds): count it, move the profiler, write stats."""
+    def stepped(self, *, new_round: bool, round_complete: bool, stats: StatsWriter | None) -> None:
+        """An optimizer stepped (``new_round``: the first of its round, the global step counts
+        rounds; ``round_complete``: every optimizer of the round has stepped): count it, move
+        the profiler, write stats, open the next safe point."""
         run = self.run
         if new_round:
             if run.loop.stepped():
@@ -297,14 +374,13 @@ class LoopHooks:
             if not self._staging_prepared:  # the optimizer state exists now
                 self._staging_prepared = True
                 run.checkpoints.prepare_async_save()
-            for loader in run.tracked.loaders:
-                if loader.train:
-                    break
-            else:  # no loader hands out batches: a step is the safe point
-                self.safe_point()
             profiler = run.profiler()
             if profiler is not None:
                 profiler.step()
+        if run.preemption is not None and round_complete:
+            self._round_done = True
+            if run.preemption.due(run.loop.global_step, self._is_alone()):
+                self._rewind = _Rewind.capture(run.tracked)
         self.progress()
         if stats is not None and stats.due(run.loop.global_step):
             loaders = run.tracked.loaders

@@ -12,7 +12,7 @@ The position inside an epoch belongs to each training loader
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from paratrain.data.loader import DeviceLoader
@@ -36,6 +36,11 @@ class LoopState:
     """True once a save was followed by a step in the same epoch of a loop whose batches no
     training loader hands out: from then on only a save after as many steps as the last whole
     epoch counts as an epoch's end."""
+    round_open: list[str] = field(default_factory=list)
+    """Optimizers (``"model:index"``) that stepped in the round in progress (see
+    :class:`paratrain.runtime.stepping.StepRounds`)."""
+    round_members: list[str] | None = None
+    """The optimizers of the last complete round (None before one completed)."""
     in_epochs: bool = False
     """True while ``run.epochs`` drives the loop (not saved)."""
     end_claimed: int | None = None
@@ -56,6 +61,9 @@ class LoopState:
         last = state.get("last_epoch_steps")
         self.last_epoch_steps = None if last is None else int(last)
         self.mid_epoch_saves = bool(state.get("mid_epoch_saves", False))
+        self.round_open = [str(k) for k in state.get("round_open", [])]
+        members = state.get("round_members")
+        self.round_members = None if members is None else [str(k) for k in members]
         self.end_claimed = None
 
     def next_epoch(self) -> None:

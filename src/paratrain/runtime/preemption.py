@@ -136,6 +136,13 @@ class Preemption:
             return None
         return max(int(store.get(f"{key}/step/{r}")) for r in range(world)) + AHEAD
 
+    def due(self, step: int, alone: bool) -> bool:
+        """Whether the next safe point stops (at optimizer step ``step``): a signal came (one
+        process), or the agreed step is known and reached (several)."""
+        if alone:
+            return self.received is not None
+        return self._target is not None and step >= self._target
+
     def start_deadline(self, on_expiry: Callable[[], None]) -> None:
         """Call ``on_expiry`` (which must end the process) when the grace period, counted from
         the signal, runs out before the save is done."""

@@ -152,7 +152,9 @@ class Run(RunBase):
             self._windows,
             self._stepper,
             self.loop,
-            stepped=lambda new_round: self._hooks.stepped(new_round=new_round, stats=self._stats),
+            stepped=lambda new_round, complete: self._hooks.stepped(
+                new_round=new_round, round_complete=complete, stats=self._stats
+            ),
         )
         self.console.print(
             f"paratrain: strategy {self.strategy.name} ({self.selection.reason}), "
@@ -325,7 +327,7 @@ class Run(RunBase):
     # -- the loop -------------------------------------------------------------------------
     def epochs(self, count: int) -> Iterator[int]:
         """Yield epoch numbers from the current one up to ``count - 1``; samplers follow them."""
-        self._hooks.loop_action()
+        self._hooks.loop_action("epochs")
         self.loop.in_epochs = True
         try:
             while self.loop.epoch < count:
@@ -338,7 +340,7 @@ class Run(RunBase):
 
     def progress(self, iterable: Iterable[T], *, desc: str | None = None) -> Iterator[T]:
         """A progress bar on the main process; the bare iterable on the other ranks."""
-        self._hooks.loop_action()
+        self._hooks.loop_action("progress")
         return self.console.progress(iterable, desc=desc or f"epoch {self.loop.epoch}")
 
     def accumulate(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
@@ -347,13 +349,13 @@ class Run(RunBase):
         with run.accumulate(model):
             run.backward(model(x, target=y))
         """
-        self._hooks.loop_action()
+        self._hooks.loop_action("accumulate")
         return _MicroBatch(self, self._set_up(model).module)
 
     def backward(self, loss: torch.Tensor, **backward_kwargs: Any) -> None:
         """``loss.backward(**backward_kwargs)`` with the loss divided by ``grad_accum`` and
         scaled for fp16 (``retain_graph=``, ``inputs=``, ``create_graph=`` pass through)."""
-        self._hooks.loop_action()
+        self._hooks.loop_action("backward")
         strategy = self.strategy
         if strategy.partial_model:
             if getattr(loss, "_paratrain_pipeline", False):
@@ -379,7 +381,7 @@ class Run(RunBase):
         ``scheduler`` (registered for checkpoints). Returns True if the optimizer stepped."""
         if scheduler is not None:
             refuse_metric_scheduler(scheduler)
-        self._hooks.loop_action()
+        self._hooks.loop_action("step")
         unit = self.tracked.unit_of(optimizer) or self._attach(optimizer)
         if scheduler is not None:
             self.tracked.add_scheduler(scheduler)

@@ -37,7 +37,7 @@ from paratrain.checkpoint.store import CheckpointStore, SaveRequest, distributed
 from paratrain.data.loader import DeviceLoader
 from paratrain.errors import CheckpointDamagedError, CheckpointError, ConfigError
 from paratrain.runtime.loop_state import LoopState, loop_to_save
-from paratrain.runtime.per_rank import objects_of_every_rank, per_rank_restorer
+from paratrain.runtime.per_rank import extras_of_rank, objects_of_every_rank, per_rank_restorer
 from paratrain.runtime.precision import Precision
 from paratrain.runtime.registry import Registry, Unit
 from paratrain.runtime.rng import capture_rng, reseed_rng, restore_rng
@@ -146,7 +146,8 @@ def save(
         trainer=trainer,
         manifest=manifest,
         sharded=pieces.layout.sharded,
-        gather=lambda: objects_of_every_rank(tracked),  # after the store checked every rank
+        # after the store checked every rank
+        gather=lambda: objects_of_every_rank(tracked, trainer["extras"]),
     )
     return store.save(request, background=background)
 
@@ -240,7 +241,8 @@ def resume(
         f"paratrain: resumed from {folder} (epoch {pieces.loop.epoch}, step "
         f"{pieces.loop.global_step}{origin}, saved {time.ctime(manifest.created)})"
     )
-    return Resumed(folder, manifest, dict(trainer.get("extras", {})), grad_accum)
+    extras = extras_of_rank(trainer, layout.rank if same_layout else None, warn)
+    return Resumed(folder, manifest, extras, grad_accum)
 
 
 def _restore_units(

@@ -4,9 +4,9 @@
     path.step(optimizer, unit, scheduler)   # False inside an accumulation window
 
     stepper = Stepper(precision, strategy, max_grad_norm=1.0)
-    stepped = stepper.apply(optimizer, unit.optimizers, correction=window.correction())
+    stepped = stepper.apply(optimizer, unit, correction=window.correction())
     stepper.last_grad_norm
-    rounds.count(optimizer)      # True when this step begins a new round: global_step += 1
+    rounds.count("model:0")      # True when this step begins a new round: global_step += 1
 
 Several optimizers of one model are prepared together, as in torch's AMP recipe: the first of
 them to step in a window unscales all of them and clips the model's total gradient norm once;
@@ -43,11 +43,11 @@ class StepPath:
         stepper: Stepper,
         loop: LoopState,
         *,
-        stepped: Callable[[bool], None],
+        stepped: Callable[[bool, bool], None],
     ) -> None:
         self.windows, self.stepper, self.loop = windows, stepper, loop
-        self.rounds = StepRounds()
-        self._stepped = stepped  # the loop's reaction: count the step (True: a new round), ...
+        self.rounds = StepRounds(loop)
+        self._stepped = stepped  # the loop's reaction: (new round, round complete) -> count, ...
 
     def step(self, optimizer: Optimizer, unit: Unit, scheduler: Any) -> bool:
         """Step ``optimizer`` of ``unit`` at the end of its window; True if it stepped."""
@@ -61,11 +61,13 @@ class StepPath:
         if window is not None and (not window.sync or id(optimizer) in window.stepped):
             return False
         correction = window.correction() if window is not None else 1.0
-        stepped = self.stepper.apply(optimizer, unit.optimizers, correction=correction)
+        stepped = self.stepper.apply(optimizer, unit, correction=correction)
         if window is not None:
             window.stepped.add(id(optimizer))
         if stepped:
-            self._stepped(self.rounds.count(optimizer))
+            key = f"{unit.name}:{unit.optimizers.index(optimizer)}"
+            new_round = self.rounds.count(key)
+            self._stepped(new_round, self.rounds.complete())
             if scheduler is not None:
                 scheduler.step()
             faults.emit("step")
@@ -80,13 +82,15 @@ class Stepper:
         self.last_grad_norm: float | None = None
         """Gradient norm before clipping at the last step (when ``max_grad_norm`` is set)."""
         self._prepared: set[int] = set()
+        self._order: dict[tuple[int, ...], list[torch.Tensor]] = {}
 
-    def apply(self, optimizer: Optimizer, siblings: list[Optimizer], *, correction: float) -> bool:
-        """Step ``optimizer``; the first of ``siblings`` (its model's optimizers) to step
-        unscales, multiplies by ``correction`` and clips for all. True unless fp16 skipped."""
+    def apply(self, optimizer: Optimizer, unit: Unit, *, correction: float) -> bool:
+        """Step ``optimizer`` of ``unit``; the first of the unit's optimizers to step unscales,
+        multiplies by ``correction`` and clips for all. True unless fp16 skipped."""
+        siblings = unit.optimizers
         if len(siblings) == 1 and self.precision.scaler is None:  # the usual case, at once
             if correction != 1.0 or self.max_grad_norm is not None:
-                self._prepare(siblings, correction)
+                self._prepare(siblings, unit, correction)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             return True
@@ -94,46 +98,80 @@ class Stepper:
             self._prepared.discard(id(optimizer))
         else:
             others = [o for o in siblings if o is not optimizer]
-            self._prepare([optimizer, *others], correction)
+            self._prepare([optimizer, *others], unit, correction)
             self._prepared -= {id(o) for o in siblings}
             self._prepared |= {id(o) for o in others}
         stepped = self.precision.step(optimizer)
         optimizer.zero_grad(set_to_none=True)
         return stepped
 
-    def _prepare(self, optimizers: list[Optimizer], correction: float) -> None:
+    def _prepare(self, optimizers: list[Optimizer], unit: Unit, correction: float) -> None:
         for optimizer in optimizers:
             self.precision.unscale_(optimizer)
         if correction != 1.0 or self.max_grad_norm is not None:
-            params = [
-                p
-                for optimizer in optimizers
-                for g in optimizer.param_groups
-                for p in g["params"]
-                if p.grad is not None
-            ]
+            params = [p for p in self._in_model_order(optimizers, unit) if p.grad is not None]
             if correction != 1.0:
-                torch._foreach_mul_([p.grad for p in params], correction)
+                torch._foreach_mul_([p.grad for p in params if p.grad is not None], correction)
             if self.max_grad_norm is not None:
                 self.last_grad_norm = self.strategy.clip_grad_norm(params, self.max_grad_norm)
 
+    def _in_model_order(self, optimizers: list[Optimizer], unit: Unit) -> list[torch.Tensor]:
+        """The optimizers' parameters in the order ``model.parameters()`` gives them, as the
+        script's own ``clip_grad_norm_(model.parameters(), ...)`` sums the norm (the order of
+        the optimizers' groups, decay and no-decay say, would round differently). Parameters
+        an optimizer holds outside the model come last, in the optimizers' order."""
+        key = (id(unit.module), *(id(o) for o in optimizers))
+        cached = self._order.get(key)
+        if cached is None:
+            held = {id(p): p for o in optimizers for g in o.param_groups for p in g["params"]}
+            ordered = [p for p in unit.module.parameters() if held.pop(id(p), None) is not None]
+            cached = self._order[key] = ordered + list(held.values())
+        return cached
+
 
 class StepRounds:
-    """One global step per round: a round ends when an optimizer steps a second time.
+    """The rule of ``run.global_step``: **it counts rounds, a round being one step of each
+    optimizer that takes part; a step begins a new round when its optimizer already stepped in
+    the current round, or when it is the first step of an optimizer that was not in the last
+    complete round.**
 
-    A GAN stepping D then G counts 1 per iteration; a critic stepped 5x per generator step
-    counts 5."""
+    A round is complete (its members known) once one of its optimizers steps again. So a GAN
+    stepping D then G counts 1 per iteration; two optimizers of one model, 1 per iteration;
+    model a trained 5 steps and then model b 5 steps counts 10; a critic stepped 5 times per
+    generator step counts 5 per generator step (6 for the first: the generator's first step
+    follows complete rounds of the critic alone). The state is the loop's (saved with it)::
 
-    def __init__(self) -> None:
-        self._round: set[int] = set()
+        rounds = StepRounds(loop)
+        rounds.count("model:0")     # True: a new round (global_step += 1)
+    """
 
-    def count(self, optimizer: Optimizer) -> bool:
-        """Note that ``optimizer`` stepped; True when this begins a new round."""
-        new = id(optimizer) in self._round or not self._round
-        if id(optimizer) in self._round:
-            self._round = set()
-        self._round.add(id(optimizer))
-        return new
+    def __init__(self, loop: LoopState) -> None:
+        self.loop = loop
+
+    def count(self, key: str) -> bool:
+        """Note that optimizer ``key`` stepped; True when this begins a new round."""
+        loop = self.loop
+        current, members = loop.round_open, loop.round_members
+        if not current:
+            current.append(key)
+            return True
+        if key in current:  # the round is complete: its members are known
+            loop.round_members = list(current)
+            loop.round_open = [key]
+            return True
+        if members is not None and key not in members:  # a newcomer after complete rounds
+            loop.round_open = [key]
+            return True
+        current.append(key)
+        return False
+
+    def complete(self) -> bool:
+        """True when the round in progress holds every member of the last complete round (no
+        optimizer of the round is still to step); True before the first step."""
+        loop = self.loop
+        if not loop.round_open:
+            return True
+        return loop.round_members is not None and set(loop.round_open) >= set(loop.round_members)
 
 
 def refuse_metric_scheduler(scheduler: Any) -> None:

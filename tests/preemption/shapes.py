@@ -1,0 +1,99 @@
+"""Loops whose state moves after ``run.step()``, for the preemption tests: the signal lands
+between an optimizer step and the script's own post-step code (or between two models' steps).
+
+    python shapes.py RUN_DIR SHAPE [--signal-at K]
+
+SHAPE ``own``: a loop without ``run.loader`` (batches from ``torch.randint``), dropout and
+BatchNorm, an ``AveragedModel`` and a counter updated after the step, a scheduler stepped by hand.
+SHAPE ``two_loaders``: model 1 on the training loader, model 2 on a second loader read with
+``next()`` after model 1 stepped. ``--signal-at K``: the process sends itself SIGTERM right after
+the optimizer step that makes ``run.global_step == K`` (before the post-step code). The final
+state goes to RUN_DIR/final.pt.
+"""
+
+import argparse
+import os
+import signal
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.optim.swa_utils import AveragedModel
+
+import paratrain as pt
+
+parser = argparse.ArgumentParser()
+parser.add_argument("run_dir", type=Path)
+parser.add_argument("shape", choices=["own", "two_loaders"])
+parser.add_argument("--signal-at", type=int, default=-1)
+args = parser.parse_args()
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.count = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"count": self.count}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.count = state["count"]
+
+
+def signal_at(step: int) -> None:
+    if step == args.signal_at:
+        os.kill(os.getpid(), signal.SIGTERM)  # handled at once: the flag is up before the next line
+
+
+def net() -> nn.Module:
+    return nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Dropout(0.2), nn.Linear(16, 3))
+
+
+run = pt.Run(
+    run_dir=args.run_dir, progress=False, seed=0, stats_every=None, preempt_signals=("SIGTERM",)
+)
+torch.manual_seed(0)
+features, labels = torch.randn(96, 8), torch.randint(0, 3, (96,))
+out: dict[str, object] = {}
+if args.shape == "own":
+    model_net = net()
+    model, opt = run.setup(model_net, torch.optim.AdamW(model_net.parameters(), lr=1e-2))
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    run.track(sched, name="sched")
+    ema = run.track(AveragedModel(run.unwrap(model)), name="ema")
+    counter = run.track(Counter(), name="counter")
+    while run.global_step < 12:
+        i = torch.randint(0, 96, (8,))
+        run.backward(nn.functional.cross_entropy(model(features[i]), labels[i]))
+        run.step(opt)
+        signal_at(run.global_step)
+        sched.step()
+        ema.update_parameters(run.unwrap(model))
+        counter.count += 1
+    out = {"ema": ema.state_dict(), "counter": counter.count, "lr": sched.get_last_lr()}
+else:
+    a_net, b_net = net(), net()
+    a, opt_a = run.setup(a_net, torch.optim.SGD(a_net.parameters(), lr=0.1), name="a")
+    b, opt_b = run.setup(b_net, torch.optim.SGD(b_net.parameters(), lr=0.1), name="b")
+    data = torch.utils.data.TensorDataset(features, labels)
+    loader = run.loader(data, batch_size=8)
+    aux = run.loader(data, batch_size=8)
+    aux_batches = iter(aux)
+    for _ in run.epochs(2):
+        for x, y in loader:
+            run.backward(nn.functional.cross_entropy(a(x), y))
+            run.step(opt_a)
+            signal_at(run.global_step)
+            xb, yb = next(aux_batches, (None, None))
+            if xb is None:
+                aux_batches = iter(aux)
+                xb, yb = next(aux_batches)
+            run.backward(nn.functional.cross_entropy(b(xb), yb))
+            run.step(opt_b)
+        run.save()
+    model = b
+    out = {"a": run.unwrap(a).state_dict()}
+out.update(model=run.unwrap(model).state_dict(), step=run.global_step, rng=torch.rand(3))
+if run.is_main:
+    torch.save(out, args.run_dir / "final.pt")
+run.close()
