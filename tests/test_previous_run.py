@@ -102,3 +102,32 @@ def test_the_launcher_flag_reaches_every_rank(tmp_path: Path, flag: str) -> None
     script.write_text("pass\n")
     plan = make_plan(RunOptions(target=[str(script)], nproc="2", previous_run=flag), env={}, gpus=0)
     assert plan.env["PARATRAIN_PREVIOUS_RUN"] == flag
+
+
+def test_fresh_wins_over_the_scripts_own_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's loop calls run.resume(); `paratrain run --fresh` starts over all the same."""
+    first = _train(tmp_path, steps=2)
+    monkeypatch.setenv("PARATRAIN_PREVIOUS_RUN", "fresh")
+    second = _train(tmp_path, steps=1, resume=True)
+    assert second.global_step == 1 and second.resumed_from is None
+    assert (tmp_path / f"checkpoints.{first._checkpoints.identity.run_id}").is_dir()
+
+
+def test_a_preempted_checkpoint_resumes_only_for_the_same_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another command in a preempted job's run dir is another run: refused, not resumed."""
+    from paratrain.runtime import save_restore
+
+    first = _train(tmp_path, steps=2)
+    newest = first.store.latest_valid()
+    assert newest is not None
+    monkeypatch.setattr("sys.argv", ["train.py", "--lr", "0.1"])
+    save_restore.mark_preempted(first.store, newest[0])
+    monkeypatch.setattr("sys.argv", ["train.py", "--lr", "0.5"])
+    with pytest.raises(ConfigError, match="did not resume from them"):
+        _train(tmp_path, steps=1)
+    monkeypatch.setattr("sys.argv", ["train.py", "--lr", "0.1"])
+    assert _train(tmp_path, steps=1).global_step == 3

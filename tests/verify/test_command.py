@@ -160,3 +160,16 @@ def test_usage_errors_exit_2_with_a_message(
         main(["verify-resume", *argv])
     assert exit_info.value.code == 2
     assert needle in " ".join(capsys.readouterr().err.split())
+
+
+@pytest.mark.dist
+def test_full_batch_training_with_per_rank_extras_passes_at_two_ranks(tmp_path: Path) -> None:
+    """Data read once before a ``while`` loop, and a per-rank best loss in the extras: no
+    warning about an epochs loop the script does not have, and every kill resumes exactly."""
+    script = str(SCRIPTS / "full_batch.py")
+    proc = verify_resume("--nproc", "2", "--kills", "3", "--json", script, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    report = _json(proc)
+    assert all(r["result"] == "match" for r in report["runs"]), report["runs"]
+    log = (tmp_path / "runs/verify-resume/straight-1/verify-resume/output.log").read_text()
+    assert "run.epochs" not in log

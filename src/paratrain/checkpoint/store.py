@@ -25,6 +25,7 @@ import functools
 import io
 import os
 import shutil
+import socket
 import threading
 import time
 from collections.abc import Callable, Collection
@@ -284,12 +285,13 @@ class CheckpointStore:
         if (dist.get_rank() if distributed() else 0) == 0:
             self.directory.mkdir(parents=True, exist_ok=True)
             for stale in self.directory.glob(".tmp-*"):
-                shutil.rmtree(stale, ignore_errors=True)  # an interrupted save's leftovers
+                if _abandoned(stale):  # an interrupted save's leftovers, not a live one's
+                    shutil.rmtree(stale, ignore_errors=True)
             final = self.directory / f"{PREFIX}{step:08d}"
             k = 1
             while final.exists():  # a second save at this step: a new folder, newer wins
                 final, k = self.directory / f"{PREFIX}{step:08d}.{k}", k + 1
-            tmp = self.directory / f".tmp-{final.name}-{os.getpid()}-{time.time_ns()}"
+            tmp = self.directory / f".tmp-{final.name}-{_HOST}-{os.getpid()}-{time.time_ns()}"
             tmp.mkdir()
             names = [str(final), str(tmp)]
         if distributed():
@@ -583,3 +585,35 @@ def _collect_tensors(tree: Any, out: list[torch.Tensor]) -> None:
     elif isinstance(tree, (list, tuple)):
         for value in tree:
             _collect_tensors(value, out)
+
+
+_HOST = socket.gethostname().replace("-", "_") or "host"
+"""This machine, as it appears in the name of a save in progress (``.tmp-NAME-HOST-PID-NS``)."""
+
+ABANDONED_AFTER_S = 6 * 3600
+"""A save in progress of another machine (or of an older format) older than this is taken as
+abandoned: no save takes hours, and its owner cannot be asked."""
+
+
+def _abandoned(folder: Path) -> bool:
+    """Whether ``folder`` (``.tmp-*``) is left over by a save that no longer runs: a rotation's
+    doomed folder; a save of a process of this machine that has exited; or one older than
+    :data:`ABANDONED_AFTER_S`. Another job's save in progress in a shared ``ckpt_dir`` is kept."""
+    if folder.name.startswith(".tmp-deleting-"):
+        return True
+    parts = folder.name.rsplit("-", 3)
+    if len(parts) == 4 and parts[1] == _HOST and parts[2].isdigit():
+        pid = int(parts[2])
+        if pid == os.getpid():
+            return True
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except OSError:
+            return False
+        return False
+    try:
+        return time.time() - folder.stat().st_mtime > ABANDONED_AFTER_S
+    except OSError:
+        return False

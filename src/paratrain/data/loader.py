@@ -177,6 +177,9 @@ class DeviceLoader(Generic[T]):
         self.pass_seed: Any = None
         """``epoch -> seed`` of the loader's own generator (worker seeds), when the run owns it."""
         self._restored: Position | None = None
+        self._read_again = False
+        """The restored pass was read before any step (data read once): the resumed script
+        reads it again, from its start, without a second draw of the pass's seed."""
         self._pass_first_step = 0
         self._pass_steps = 0  # steps taken while the last pass was being iterated
         self._warned_second_pass = False
@@ -194,7 +197,16 @@ class DeviceLoader(Generic[T]):
     # -- position ------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The loader's position (plain data)."""
-        return {**dataclasses.asdict(self.position), "running": self.continues}
+        saved = {**dataclasses.asdict(self.position), "running": self.continues}
+        if self.position.finished and self.read_before_steps:
+            saved["read_once"] = True  # a resume reads that pass again, as the script will
+        return saved
+
+    @property
+    def read_before_steps(self) -> bool:
+        """The last pass ended before any step was taken on its batches: data read once
+        (``next(iter(loader))`` for full-batch training), not a pass the loop trains on."""
+        return not self.in_progress and self._pass_steps == 0
 
     @property
     def left_after_steps(self) -> bool:
@@ -226,9 +238,10 @@ class DeviceLoader(Generic[T]):
         """Continue from ``state`` at the next pass (a resumed run). A stream's ``state`` may
         carry this rank's ``"stream"`` position (absent: saved at another world size) and every
         saved rank's, ``"streams"`` (to split the stream anew at another layout)."""
-        fields = {k: v for k, v in state.items() if k not in ("stream", "streams")}
+        fields = {k: v for k, v in state.items() if k not in ("stream", "streams", "read_once")}
         self.position = Position(**fields)
         self._restored = Position(**fields)
+        self._read_again = bool(state.get("read_once"))
         self._stream_state = state.get("stream")
         self._stream_states = list(state.get("streams") or [])
 
@@ -237,6 +250,8 @@ class DeviceLoader(Generic[T]):
         run_epoch = self.hooks.current_epoch()
         last, restored = self.position, self._restored
         if restored is not None and restored.epoch >= run_epoch:
+            if self._read_again:
+                return restored.epoch, 0
             if restored.running and not restored.finished:  # saved mid-pass: continue it
                 return restored.epoch, restored.samples
             if restored.finished and restored.epoch == run_epoch:
@@ -327,11 +342,12 @@ class DeviceLoader(Generic[T]):
         going_on = self.stream is None and self.left_after_steps
         epoch, start = self._next_pass()
         restored, self._restored = self._restored, None
+        again, self._read_again = self._read_again and restored is not None, False
         if restored is None and not going_on and self.position.epoch >= self.hooks.current_epoch():
             self._warn_second_pass(epoch, abandoned=not self.position.finished)
         if self.stream is not None:
             return self._stream_pass(epoch, restored)
-        return self._iterate(epoch, start)
+        return self._iterate(epoch, start, again=again)
 
     def _stream_pass(self, epoch: int, restored: Position | None) -> Iterator[Any]:
         """A pass over the stream: from its start, or from the saved position of a resume."""
@@ -391,7 +407,7 @@ class DeviceLoader(Generic[T]):
             "epoch (a `for epoch in range(N)` loop never tells them)."
         )
 
-    def _iterate(self, epoch: int, start: int) -> Iterator[Any]:
+    def _iterate(self, epoch: int, start: int, *, again: bool = False) -> Iterator[Any]:
         sampler = self.loader.sampler
         # Not looked up again in `finally`, which may run at interpreter exit (an unfinished
         # `it = iter(loader)`), when module globals such as ShardedSampler are already gone.
@@ -405,11 +421,12 @@ class DeviceLoader(Generic[T]):
             # model's random stream (dropout) does not depend on when a pass starts: resuming
             # mid-epoch then replays it exactly.
             self.loader.generator.manual_seed(self.pass_seed(epoch))
-            if start == 0 or not self.train:
+            if (start == 0 and not again) or not self.train:
                 # A DataLoader without a generator draws its base seed from the global one at
                 # every iter(), even with num_workers=0. Draw it too, so a one-process port of
                 # a DataLoader script keeps every later random number (dropout masks). A pass
-                # continued after a resume made this draw before the save: not again.
+                # continued after a resume (or read again) made this draw before the save: not
+                # again.
                 torch.empty((), dtype=torch.int64).random_()
         self.pass_id = next(_PASSES)
         self.pass_length = _length(self.loader)

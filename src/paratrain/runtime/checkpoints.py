@@ -159,6 +159,10 @@ class RunCheckpoints:
         """Restore the newest valid checkpoint into the registered pieces (collective)."""
         p = self.parts
         restarted = p.env.restart_count > 0
+        if self.previous_run == "fresh" and not restarted and not self._resume_asked:
+            # `paratrain run --fresh` wins over the script's run.resume(): another run's
+            # checkpoints are moved aside first (this job's own restarts resume as usual)
+            self.check_previous_run()
         self.auto_resume = False
         self._resume_asked = True
         if p.rank == 0:

@@ -106,7 +106,9 @@ def epoch_to_save(loop: LoopState, loaders: Iterable[DeviceLoader[Any]]) -> int:
     A save after the epoch's training pass ran to its end (no training pass in progress, one
     finished in this epoch) is an end-of-epoch save: resume starts the next epoch rather than
     running the rest of this epoch's loop body (a per-epoch scheduler step, an evaluation) twice.
-    A save at the top of an epoch, before its pass starts, continues in that epoch. So does a
+    A save at the top of an epoch, before its pass starts, continues in that epoch. A loader
+    whose pass ended before any step (data read once, ``next(iter(loader))``) is no pass of
+    the loop and ends nothing. So does a
     save after the loop was left with ``break`` (``run.epochs`` ended early, or no
     ``run.epochs``): the loader continues its pass where the steps stopped. Inside a
     ``run.epochs`` body, a save after the pass was left with ``break`` following some steps (an
@@ -121,6 +123,7 @@ def epoch_to_save(loop: LoopState, loaders: Iterable[DeviceLoader[Any]]) -> int:
     train = [ld for ld in loaders if ld.train]
     if any(ld.in_progress for ld in train):
         return epoch
+    train = [ld for ld in train if not ld.read_before_steps]  # data read once: no pass
     if any(ld.position.epoch == epoch and ld.position.finished for ld in train):
         return epoch + 1
     if loop.in_epochs and any(ld.left_after_steps for ld in train):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -423,7 +424,7 @@ def other_run(store: CheckpointStore, identity: Identity, rank: int) -> OtherRun
     if rank == 0:
         listed = store.candidates()
         marked = _preempted_mark(store)
-        if listed and marked == listed[0][0].name:
+        if listed and marked == listed[0][0].name and _same_command(store):
             newest = listed[0][1]
             found = (newest.lineage or newest.run_id or "(unnamed)", newest.step, 1, True)
         else:
@@ -440,12 +441,25 @@ def other_run(store: CheckpointStore, identity: Identity, rank: int) -> OtherRun
     return None if agreed is None else OtherRun(*agreed)
 
 
-def _preempted_mark(store: CheckpointStore) -> str | None:
+def _read_mark(store: CheckpointStore) -> dict[str, Any]:
     try:
         mark = json.loads((Path(store.location) / PREEMPTED_MARK).read_text())
     except (OSError, ValueError, TypeError):
-        return None
-    return mark.get("checkpoint") if isinstance(mark, dict) else None
+        return {}
+    return mark if isinstance(mark, dict) else {}
+
+
+def _preempted_mark(store: CheckpointStore) -> str | None:
+    found = _read_mark(store).get("checkpoint")
+    return found if isinstance(found, str) else None
+
+
+def _same_command(store: CheckpointStore) -> bool:
+    """Whether this process runs the command the preempted run ran (its script and arguments):
+    only the same command resumes a preempted checkpoint by itself; another one (other script,
+    other lr) is another run, refused as such (``previous_run``)."""
+    command = _read_mark(store).get("command")
+    return command is None or command == sys.argv  # None: a mark of an older version
 
 
 def mark_preempted(store: CheckpointStore, folder: Path | None) -> None:
@@ -455,7 +469,8 @@ def mark_preempted(store: CheckpointStore, folder: Path | None) -> None:
         return
     path = Path(store.location) / PREEMPTED_MARK
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"checkpoint": Path(folder).name, "time": time.time()}))
+    mark = {"checkpoint": Path(folder).name, "time": time.time(), "command": sys.argv}
+    tmp.write_text(json.dumps(mark))
     os.replace(tmp, path)
 
 
