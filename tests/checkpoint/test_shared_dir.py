@@ -28,7 +28,7 @@ def test_a_save_keeps_another_live_jobs_save_in_progress(tmp_path: Path) -> None
     try:
         with pt.Run(strategy="cpu", run_dir=tmp_path, progress=False) as run:
             model = mlp()
-            model, opt = run.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+            run.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
             run.save()
         assert live.is_dir()
         assert not dead.exists() and not doomed.exists()

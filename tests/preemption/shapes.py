@@ -26,6 +26,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("run_dir", type=Path)
 parser.add_argument("shape", choices=["own", "two_loaders"])
 parser.add_argument("--signal-at", type=int, default=-1)
+parser.add_argument("--signal-after-loop", action="store_true")
 args = parser.parse_args()
 
 
@@ -94,6 +95,8 @@ else:
     model = b
     out = {"a": run.unwrap(a).state_dict()}
 out.update(model=run.unwrap(model).state_dict(), step=run.global_step, rng=torch.rand(3))
+if args.signal_after_loop:
+    os.kill(os.getpid(), signal.SIGTERM)  # no safe point comes any more
 if run.is_main:
     torch.save(out, args.run_dir / "final.pt")
 run.close()

@@ -107,6 +107,11 @@ def test_a_save_past_the_grace_period_is_abandoned_and_the_previous_one_stays(
     assert time.monotonic() - started < 15  # well before the 30 s save would have ended
     assert "did not finish within 1 s of the signal and was abandoned" in err.replace("\n", " ")
     assert [p.name for p in (tmp_path / "checkpoints").glob("step-*")] == ["step-00000032"]
+    # job.py never calls run.resume(): the rerun resumes the newest all the same, as promised
+    rerun = start(tmp_path, "--sleep", "0.05", "--slow-save", "30", "--grace", "1", "--epochs", "9")
+    code, out = finish(rerun)
+    assert code == 0, out[-3000:]
+    assert "was preempted: resuming it" in out and "step 32" in out
 
 
 def test_without_preempt_signals_sigterm_ends_the_process(tmp_path: Path) -> None:

@@ -48,3 +48,9 @@ def test_the_rerun_of_a_preempted_loop_matches_an_uninterrupted_one(
     assert "was preempted: resuming it" in out
     final = [torch.load(tmp_path / d / "final.pt") for d in ("reference", "preempted")]
     assert differences(*final) == []
+
+
+def test_a_signal_after_the_loop_is_named_at_close(tmp_path: Path) -> None:
+    code, out = run_shape(tmp_path, "own", "--signal-after-loop")
+    assert code == 0, out[-3000:]
+    assert "came after the training loop's last safe point" in out

@@ -221,6 +221,28 @@ class RunCheckpoints:
             p.env.write_report(record)
         return folder
 
+    def mark_newest_preempted(self) -> None:
+        """Rank 0, when the save on preemption is abandoned: the newest committed checkpoint is
+        the one the rerun resumes (without the mark, a script that does not call run.resume()
+        would have it refused as another run's)."""
+        if self.parts.rank != 0:
+            return
+        try:
+            newest = self.store.latest_valid()
+            if newest is not None:
+                checkpoints.mark_preempted(self.store, newest[0])
+        except Exception as err:  # the process is exiting: say it, do not hide the exit
+            self.parts.console.warn(f"could not mark the newest checkpoint for the rerun: {err}")
+
+    def preempted_unsaved(self) -> None:
+        """At close: a preemption signal came, but no safe point followed (the training loop had
+        ended). Say so, correcting the promise the signal handler printed."""
+        self.parts.console.print(
+            "paratrain: the preemption signal came after the training loop's last safe point: "
+            "the loop has ended, so no checkpoint is saved for it and the script finishes "
+            "normally"
+        )
+
     def previous_run_pending(self) -> bool:
         """Whether :meth:`check_previous_run` has still to look (this run has not resumed)."""
         return not (self._resume_asked or self.auto_resume)

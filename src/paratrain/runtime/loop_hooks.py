@@ -200,6 +200,7 @@ class LoopHooks:
         grace = run.config.preempt_grace_s
 
         def abandon() -> None:
+            run.checkpoints.mark_newest_preempted()  # the rerun resumes it, as promised
             run.console.warn(
                 f"preempted at step {step}: the save did not finish within {grace:g} s of the "
                 f"signal and was abandoned; the newest committed checkpoint stays valid. Exiting "

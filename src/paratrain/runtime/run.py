@@ -510,8 +510,11 @@ class Run(RunBase):
         self.tracked.notes.clear()
 
     def _before_close(self) -> None:
-        if getattr(self, "_preemption", None) is not None:
-            self._preemption.uninstall()  # type: ignore[union-attr]
+        preemption = getattr(self, "_preemption", None)
+        if preemption is not None:
+            preemption.uninstall()
+            if preemption.received is not None and hasattr(self, "_checkpoints"):
+                self._checkpoints.preempted_unsaved()
         if getattr(self, "_profiler", None) is not None:
             unfinished = self._profiler.close()  # type: ignore[union-attr]
             if unfinished:
