@@ -71,3 +71,15 @@ def test_the_first_difference_follows_the_order_of_the_first_state() -> None:
     a = {"models": {"w": torch.ones(2)}, "optimizers": {"lr": 0.1}, "loop": {"step": 1}}
     b = {"models": {"w": torch.zeros(2)}, "optimizers": {"lr": 0.2}, "loop": {"step": 2}}
     assert [d.path for d in compare(a, b)] == ["models/w", "optimizers/lr", "loop/step"]
+
+
+def test_files_named_differently_are_not_called_nondeterminism() -> None:
+    from paratrain.verify.compare import compare
+    from paratrain.verify.render import not_deterministic
+
+    first = {"files": {"out-1.pt": b"x"}}
+    second = {"files": {"out-2.pt": b"x"}}
+    text = not_deterministic(compare(first, second)[0], "out-*.pt")
+    assert "have other names" in text and "out-1.pt" in text and "not deterministic" not in text
+    text = not_deterministic(compare({"w": 1.0}, {"w": 2.0})[0], None)
+    assert "not deterministic" in text

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from paratrain.verify.compare import Difference
 from paratrain.verify.kill_points import DESCRIPTIONS
 from paratrain.verify.report import Report
 
@@ -26,6 +27,23 @@ NOT_DETERMINISTIC = (
     "GPU: torch.use_deterministic_algorithms(True) and CUBLAS_WORKSPACE_CONFIG=:4096:8). Fix "
     "the cause, or pass --atol X to accept differences up to X."
 )
+
+
+FILE_NAMES_DIFFER = (
+    "the files matched by --compare-files {pattern!r} have other names in two uninterrupted runs "
+    "of the same command ({difference}), so they cannot be compared: a name carries a time, a "
+    "process id or a random part. The script may well be deterministic. Give --compare-files a "
+    "pattern that matches only files with fixed names, or name the file after the step or "
+    "epoch instead."
+)
+
+
+def not_deterministic(difference: Difference, pattern: str | None) -> str:
+    """Why two uninterrupted runs cannot serve as the reference: their files are named
+    differently, or their states differ."""
+    if difference.path.startswith("files/") and difference.detail.startswith("only in the"):
+        return FILE_NAMES_DIFFER.format(pattern=pattern, difference=difference)
+    return NOT_DETERMINISTIC.format(difference=difference)
 
 
 def as_json(report: Report) -> str:
@@ -48,7 +66,7 @@ def show(report: Report, console: Console | None = None) -> None:
         console.print(f"Full output: {escape(str(failed.files.output))}. Fix the script first.")
         return
     if report.nondeterminism is not None:
-        text = NOT_DETERMINISTIC.format(difference=report.nondeterminism)
+        text = not_deterministic(report.nondeterminism, report.options.compare_files)
         console.print(f"[bold red]verify-resume: {escape(text)}")
         _times(report, console)
         return
