@@ -5,6 +5,8 @@ calls run.resume() (a checkpoint saved on preemption is resumed all the same).
                           [--no-signals]
 
 Rank 0 writes RUN_DIR/started once 3 steps are done; the final weights go to RUN_DIR/final.pt.
+A rerun is the same command (a preempted checkpoint resumes by itself only for that); ``--sleep``
+slows the first attempt only.
 """
 
 import argparse
@@ -54,7 +56,7 @@ for _epoch in run.epochs(args.epochs):
         run.step(opt)
         if run.global_step == 3 and run.is_main:
             (args.run_dir / "started").touch()
-        time.sleep(args.sleep)
+        time.sleep(args.sleep if run.resumed_from is None else 0.0)  # a rerun goes at full speed
     run.save()
 run.save_weights(model, args.run_dir / "final.pt")
 run.close()

@@ -76,7 +76,7 @@ def test_sigterm_saves_at_the_step_reached_and_the_rerun_matches(
     step = int(err.split("preempted at step ")[1].split(":")[0])
     assert 3 <= step < 96 and step % 32 != 0  # mid-epoch: no save was due
     assert (tmp_path / "checkpoints" / f"step-{step:08d}").is_dir()
-    code, err = finish(start(tmp_path))  # the same command again: resumes by itself
+    code, err = finish(start(tmp_path, "--sleep", "0.05"))  # the same command: resumes by itself
     assert code == 0, err[-3000:]
     assert f"resumed from {tmp_path / 'checkpoints' / f'step-{step:08d}'}" in err.replace("\n", "")
     assert_equal(weights(tmp_path), uninterrupted)

@@ -69,7 +69,7 @@ def test_every_rank_saves_and_the_rerun_matches(
     step = int(line.split(" at step ")[1].split(":")[0])
     assert 3 <= step < 64, line  # mid-epoch: no save was due
     assert out.count(f"paratrain: preempted at step {step}: saved") == 1  # rank 0 says it
-    code, out = finish(start(tmp_path, *SAMPLES, launcher=LAUNCHER))
+    code, out = finish(start(tmp_path, *SAMPLES, "--sleep", "0.1", launcher=LAUNCHER))
     assert code == 0, out[-4000:]
     assert f"step-{step:08d} (epoch" in out
     assert_equal(weights(tmp_path), uninterrupted)

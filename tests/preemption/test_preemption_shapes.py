@@ -43,7 +43,7 @@ def test_the_rerun_of_a_preempted_loop_matches_an_uninterrupted_one(
     code, out = run_shape(tmp_path / "preempted", shape, "--signal-at", "5")
     assert code == 75, out[-3000:]
     assert "preempted at step" in out
-    code, out = run_shape(tmp_path / "preempted", shape)
+    code, out = run_shape(tmp_path / "preempted", shape, "--signal-at", "5")  # the same command
     assert code == 0, out[-3000:]
     assert "was preempted: resuming it" in out
     final = [torch.load(tmp_path / d / "final.pt") for d in ("reference", "preempted")]

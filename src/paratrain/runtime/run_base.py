@@ -235,17 +235,10 @@ class RunBase:
         if self._watchdog is not None:
             self._watchdog.progress(self._watchdog.step)
 
-    def print(
-        self,
-        *values: object,
-        sep: str | None = " ",
-        end: str | None = "\n",
-        file: Any = None,
-        flush: bool = True,
-    ) -> None:
-        """``print`` on the main process only; takes print's keywords (output is always
-        flushed)."""
-        self.console.print(*values, sep=sep, end=end, file=file, flush=flush)
+    def print(self, *values: object, **kwargs: Any) -> None:
+        """``print`` on the main process only, with print's keywords (``sep``, ``end``,
+        ``file``, ``flush``; output is always flushed)."""
+        self.console.print(*values, **kwargs)
 
     def get_logger(self, name: str = "paratrain") -> logging.Logger:
         """A ``logging.Logger`` that emits on the main process only."""

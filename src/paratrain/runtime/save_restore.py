@@ -459,7 +459,13 @@ def _same_command(store: CheckpointStore) -> bool:
     only the same command resumes a preempted checkpoint by itself; another one (other script,
     other lr) is another run, refused as such (``previous_run``)."""
     command = _read_mark(store).get("command")
-    return command is None or command == sys.argv  # None: a mark of an older version
+    return command is None or _command() is None or command == _command()  # None: not known
+
+
+def _command() -> list[str] | None:
+    """This process's command line; None in a notebook's kernel (its arguments name a
+    connection file that changes with every kernel start)."""
+    return None if "ipykernel" in (sys.argv[0] if sys.argv else "") else list(sys.argv)
 
 
 def mark_preempted(store: CheckpointStore, folder: Path | None) -> None:
@@ -469,7 +475,7 @@ def mark_preempted(store: CheckpointStore, folder: Path | None) -> None:
         return
     path = Path(store.location) / PREEMPTED_MARK
     tmp = path.with_name(path.name + ".tmp")
-    mark = {"checkpoint": Path(folder).name, "time": time.time(), "command": sys.argv}
+    mark = {"checkpoint": Path(folder).name, "time": time.time(), "command": _command()}
     tmp.write_text(json.dumps(mark))
     os.replace(tmp, path)
 
