@@ -32,7 +32,7 @@ def _scenario(run_dir: str) -> dict[str, Any]:
     x = torch.randn(4, 6, generator=torch.Generator().manual_seed(5))
     out: dict[str, Any] = {}
     with pt.Run(strategy="fsdp", run_dir=run_dir, progress=False, timeout_s=40) as run:
-        a, opt_a, b, opt_b = _two_models(run)
+        a, opt_a, _b, opt_b = _two_models(run)
         run.save(extras={"rank": run.rank})  # nothing stepped yet
         out["state_after_save"] = (len(opt_a.state), len(opt_b.state))
         run.backward(a(x).square().mean())
