@@ -104,13 +104,14 @@ class LoopHooks:
         self._in_pass: dict[int, tuple[int, int]] = {}
         self._stream_group: Any = None
         self._settled = False
+        """True once :meth:`loop_action` has nothing left to do but tell the watchdog."""
         self._alone: bool | None = None
         self._staging_prepared = False
         self._round_done = parts.preemption is not None
         """True from the end of a round (and the run's start) to the next safe point (with
         preemption signals only)."""
         self._rewind: _Rewind | None = None
-        """True once :meth:`loop_action` has nothing left to do but tell the watchdog."""
+        """What to put back before a save at ``run.backward`` (captured once a stop is due)."""
         LoopHooks._runs_made += 1
         self._run_number = LoopHooks._runs_made
         """Which Run of this process this is: every rank makes its Runs in the same order, so
@@ -364,10 +365,13 @@ class LoopHooks:
         self._in_pass[key] = (driver.pass_id, count)
         return driver.pass_length is not None and count >= driver.pass_length
 
-    def stepped(self, *, new_round: bool, round_complete: bool, stats: StatsWriter | None) -> None:
+    def stepped(
+        self, *, new_round: bool, round_complete: Callable[[], bool], stats: StatsWriter | None
+    ) -> None:
         """An optimizer stepped (``new_round``: the first of its round, the global step counts
-        rounds; ``round_complete``: every optimizer of the round has stepped): count it, move
-        the profiler, write stats, open the next safe point."""
+        rounds; ``round_complete()``: every optimizer of the round has stepped, asked only with
+        preemption signals): count it, move the profiler, write stats, open the next safe
+        point."""
         run = self.run
         if new_round:
             if run.loop.stepped():
@@ -378,7 +382,7 @@ class LoopHooks:
             profiler = run.profiler()
             if profiler is not None:
                 profiler.step()
-        if run.preemption is not None and round_complete:
+        if run.preemption is not None and round_complete():
             self._round_done = True
             if run.preemption.due(run.loop.global_step, self._is_alone()):
                 self._rewind = _Rewind.capture(run.tracked)

@@ -6,7 +6,7 @@
     stepper = Stepper(precision, strategy, max_grad_norm=1.0)
     stepped = stepper.apply(optimizer, unit, correction=window.correction())
     stepper.last_grad_norm
-    rounds.count("model:0")      # True when this step begins a new round: global_step += 1
+    rounds.count(unit, optimizer)   # True when this step begins a new round: global_step += 1
 
 Several optimizers of one model are prepared together, as in torch's AMP recipe: the first of
 them to step in a window unscales all of them and clips the model's total gradient norm once;
@@ -43,11 +43,11 @@ class StepPath:
         stepper: Stepper,
         loop: LoopState,
         *,
-        stepped: Callable[[bool, bool], None],
+        stepped: Callable[[bool, Callable[[], bool]], None],
     ) -> None:
         self.windows, self.stepper, self.loop = windows, stepper, loop
         self.rounds = StepRounds(loop)
-        self._stepped = stepped  # the loop's reaction: (new round, round complete) -> count, ...
+        self._stepped = stepped  # the loop's reaction: (new round, is the round complete?) -> ...
 
     def step(self, optimizer: Optimizer, unit: Unit, scheduler: Any) -> bool:
         """Step ``optimizer`` of ``unit`` at the end of its window; True if it stepped."""
@@ -65,9 +65,7 @@ class StepPath:
         if window is not None:
             window.stepped.add(id(optimizer))
         if stepped:
-            key = f"{unit.name}:{unit.optimizers.index(optimizer)}"
-            new_round = self.rounds.count(key)
-            self._stepped(new_round, self.rounds.complete())
+            self._stepped(self.rounds.count(unit, optimizer), self.rounds.complete)
             if scheduler is not None:
                 scheduler.step()
             faults.emit("step")
@@ -142,14 +140,23 @@ class StepRounds:
     follows complete rounds of the critic alone). The state is the loop's (saved with it)::
 
         rounds = StepRounds(loop)
-        rounds.count("model:0")     # True: a new round (global_step += 1)
+        rounds.count(unit, optimizer)   # True: a new round (global_step += 1)
     """
 
     def __init__(self, loop: LoopState) -> None:
         self.loop = loop
+        self._keys: dict[int, str] = {}
 
-    def count(self, key: str) -> bool:
-        """Note that optimizer ``key`` stepped; True when this begins a new round."""
+    def key(self, unit: Unit, optimizer: Optimizer) -> str:
+        """``"model:index"``: the optimizer as the saved round names it."""
+        key = self._keys.get(id(optimizer))
+        if key is None:
+            key = self._keys[id(optimizer)] = f"{unit.name}:{unit.optimizers.index(optimizer)}"
+        return key
+
+    def count(self, unit: Unit, optimizer: Optimizer) -> bool:
+        """Note that ``optimizer`` of ``unit`` stepped; True when this begins a new round."""
+        key = self.key(unit, optimizer)
         loop = self.loop
         current, members = loop.round_open, loop.round_members
         if not current:
