@@ -69,6 +69,9 @@ SHAPES: dict[str, Shape] = {
         ),
         Shape("torchtitan_train", original=True),
         Shape("multi_optimizer", original=True),
+        Shape("forward_forward", original=True),
+        Shape("mingpt_trainer", original=True),
+        Shape("style_transfer", compare_files="*epoch_*", original=True),
         Shape("broken_untracked_counter", restart_safe=False),
     )
 }

@@ -400,11 +400,12 @@ class DeviceLoader(Generic[T]):
                 "per epoch, then next(it))."
             )
             return
-        self.hooks.warn(
-            f"{self.name} started a new pass while epoch {now} already had one; it is shuffled "
-            f"as epoch {epoch} so it does not repeat the order. Loop with "
-            "`for epoch in run.epochs(N):` so that samplers, checkpoints and resume know the "
-            "epoch (a `for epoch in range(N)` loop never tells them)."
+        self.hooks.note(
+            f"paratrain: {self.name} started a new pass while epoch {now} already had one: it is "
+            f"shuffled as epoch {epoch}, so the order does not repeat, and a resume continues it "
+            "exactly. (A `while` loop that starts a new pass when one ends needs nothing more; "
+            "in a `for epoch in range(N)` loop, use `for epoch in run.epochs(N):` so that "
+            "run.epoch and the checkpoints name the epoch.)"
         )
 
     def _iterate(self, epoch: int, start: int, *, again: bool = False) -> Iterator[Any]:
