@@ -3,6 +3,7 @@ that SIGKILLs itself at one of them. Off unless the launcher sets the variables.
 
     PARATRAIN_TRACE=DIR              each rank appends its events to DIR/rank<r>.jsonl
     PARATRAIN_KILL=step:5:1          on the first attempt, rank 1 SIGKILLs itself at its 5th step
+    PARATRAIN_KILL=preempt:5:1       ... sends itself SIGTERM (preemption) at its 5th step
 
     recorder = faults.start(env, rank=run.rank, where=lambda: (loop.global_step, loop.epoch))
     faults.emit("step")              # the call sites: one line each, a no-op when off
@@ -45,6 +46,11 @@ from paratrain.errors import ConfigError
 EVENTS = ("mid_window", "step", "saved", "save_write", "eval_batch", "epoch")
 """Every event kind, in the order verify-resume prefers them as kill points."""
 
+PREEMPT = "preempt"
+"""A kill point that is no event of its own: at its N-th ``step`` event the rank sends itself
+SIGTERM, a preemption signal, instead of SIGKILL (the run saves at its next safe point and exits
+with 75, or dies of the signal where ``preempt_signals`` is off)."""
+
 
 @dataclass(frozen=True, slots=True)
 class KillPoint:
@@ -62,10 +68,10 @@ class KillPoint:
         """``"step:5:1"`` -> KillPoint("step", 5, 1); a ConfigError naming the format."""
         parts = text.split(":")
         event, n, rank = parts if len(parts) == 3 else ("", "", "")
-        if event not in EVENTS or not n.isdigit() or not rank.isdigit() or int(n) < 1:
+        if event not in (*EVENTS, PREEMPT) or not n.isdigit() or not rank.isdigit() or int(n) < 1:
             raise ConfigError(
                 f"{source}={text!r} is not EVENT:N:RANK (N counted from 1, RANK from 0; EVENT one "
-                f"of {', '.join(EVENTS)}), e.g. step:5:1. Unset it, or let "
+                f"of {', '.join((*EVENTS, PREEMPT))}), e.g. step:5:1. Unset it, or let "
                 "`paratrain verify-resume` set it."
             )
         return cls(event, int(n), int(rank))
@@ -112,10 +118,14 @@ class Recorder:
                 }
                 self._file.write(json.dumps(record) + "\n")
                 self._file.flush()
-            if self.kill is not None and self.kill.event == event and self.kill.n == n:
+            kill = self.kill
+            if kill is not None and kill.n == n and kill.event == event:
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os.kill(os.getpid(), signal.SIGKILL)
+            elif kill is not None and kill.n == n and kill.event == PREEMPT and event == "step":
+                self.kill = None  # once: the run goes on to its next safe point
+                os.kill(os.getpid(), signal.SIGTERM)
 
     def close(self) -> None:
         """Close the trace file."""

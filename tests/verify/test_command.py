@@ -14,6 +14,7 @@ import pytest
 
 from paratrain.cli import main
 from paratrain.faults import EVENTS
+from paratrain.verify.kill_points import KINDS
 
 SCRIPTS = Path(__file__).with_name("scripts")
 
@@ -47,11 +48,11 @@ def _kinds_in_trace(run_dir: Path) -> collections.Counter[str]:
 @pytest.mark.dist
 def test_a_restart_safe_script_passes_at_two_ranks_killed_at_every_kind(tmp_path: Path) -> None:
     script = str(SCRIPTS / "restart_safe.py")
-    proc = verify_resume("--nproc", "2", "--kills", "6", "--json", script, cwd=tmp_path)
+    proc = verify_resume("--nproc", "2", "--kills", "7", "--json", script, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
     report = _json(proc)
     runs = report["runs"]
-    assert [r["event"] for r in runs] == list(EVENTS)
+    assert [r["event"] for r in runs] == list(KINDS)
     assert {r["rank"] for r in runs} == {0, 1}
     assert all(r["result"] == "match" and r["first_difference"] is None for r in runs), runs
     assert report["deterministic"] is True and report["exit_code"] == 0
@@ -173,3 +174,16 @@ def test_full_batch_training_with_per_rank_extras_passes_at_two_ranks(tmp_path: 
     assert all(r["result"] == "match" for r in report["runs"]), report["runs"]
     log = (tmp_path / "runs/verify-resume/straight-1/verify-resume/output.log").read_text()
     assert "run.epochs" not in log
+
+
+@pytest.mark.dist
+def test_a_script_safe_against_sigkill_but_not_preemption_fails(tmp_path: Path) -> None:
+    """The learning rate comes from enumerate(loader): SIGKILLs resume at epoch starts and
+    match; the preemption kill saves mid-epoch, and the rerun differs."""
+    script = str(SCRIPTS / "lr_from_enumerate.py")
+    proc = verify_resume("--kills", "4", "--json", script, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-4000:]
+    runs = {r["event"]: r for r in _json(proc)["runs"]}
+    assert runs["preempt"]["result"] == "DIFFERS"
+    assert runs["preempt"]["first_difference"]["path"].startswith("rank 0/models/model/")
+    assert all(r["result"] == "match" for kind, r in runs.items() if kind != "preempt")

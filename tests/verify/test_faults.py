@@ -73,3 +73,11 @@ def test_other_ranks_and_restarted_attempts_are_not_killed(tmp_path: Path) -> No
 
 def test_kill_point_text_is_what_the_variable_holds() -> None:
     assert str(KillPoint("mid_window", 4, 1)) == "mid_window:4:1"
+
+
+def test_a_preemption_point_sends_sigterm_at_the_nth_step(tmp_path: Path) -> None:
+    stepper = KILLER.replace('faults.emit("epoch")', 'faults.emit("step")')
+    argv = [sys.executable, "-c", stepper, str(tmp_path), "preempt:2:0", "0", "0"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -signal.SIGTERM  # no handler here: the signal ends the process
+    assert [e["n"] for e in _lines(tmp_path / "rank0.jsonl")] == [1, 2]

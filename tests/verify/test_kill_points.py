@@ -10,7 +10,7 @@ import pytest
 from paratrain.distributed.environment import LaunchEnv
 from paratrain.errors import ConfigError
 from paratrain.faults import EVENTS, KillPoint
-from paratrain.verify.kill_points import Event, choose, read_trace, spread
+from paratrain.verify.kill_points import KINDS, Event, choose, read_trace, spread
 
 
 def test_kill_point_round_trips_and_bad_values_name_the_format() -> None:
@@ -66,8 +66,9 @@ def _trace(counts: dict[str, int], ranks: tuple[int, ...]) -> list[Event]:
 def test_kinds_come_in_priority_order_skipping_missing_ones() -> None:
     events = _trace({"epoch": 3, "step": 8, "saved": 3, "mid_window": 8}, ranks=(0,))
     chosen = choose(events, kills=4, world_size=1)
-    assert [c.point.event for c in chosen] == ["mid_window", "step", "saved", "epoch"]
-    assert [c.point.n for c in chosen] == [5, 5, 2, 2]  # the middle occurrences
+    assert [c.point.event for c in chosen] == ["mid_window", "step", "saved", "preempt"]
+    # the middle occurrences; a preemption at another step than the step kill
+    assert [c.point.n for c in chosen] == [5, 5, 2, 3]
     assert all(c.point.rank == 0 for c in chosen)
 
 
@@ -76,12 +77,12 @@ def test_more_kills_than_kinds_take_other_ordinals_and_stop_when_all_are_used() 
     chosen = choose(events, kills=5, world_size=1)
     assert [(c.point.event, c.point.n) for c in chosen] == [
         ("step", 3),
+        ("preempt", 2),
         ("epoch", 2),
         ("step", 2),
-        ("epoch", 1),
-        ("step", 4),
+        ("preempt", 4),
     ]
-    assert len(choose(events, kills=50, world_size=1)) == 6  # every event once
+    assert len(choose(events, kills=50, world_size=1)) == 10  # every event once, steps twice
 
 
 def test_ranks_alternate_and_a_kind_only_one_rank_has_goes_to_that_rank() -> None:
@@ -92,8 +93,12 @@ def test_ranks_alternate_and_a_kind_only_one_rank_has_goes_to_that_rank() -> Non
         ("step", 1),
         ("saved", 0),
         ("save_write", 0),
-        ("epoch", 1),
+        ("preempt", 1),
     ]
+
+
+def test_a_preemption_kill_point_parses_and_sends_sigterm_at_its_step() -> None:
+    assert KillPoint.parse("preempt:4:1") == KillPoint("preempt", 4, 1)
 
 
 def test_events_of_a_restarted_attempt_are_not_kill_points() -> None:
@@ -103,8 +108,8 @@ def test_events_of_a_restarted_attempt_are_not_kill_points() -> None:
 
 def test_a_seed_draws_other_ordinals_reproducibly() -> None:
     events = _trace(dict.fromkeys(EVENTS, 20), ranks=(0,))
-    default = choose(events, kills=6, world_size=1)
-    drawn = choose(events, kills=6, world_size=1, seed=7)
-    assert [c.point.event for c in drawn] == list(EVENTS)
-    assert drawn == choose(events, kills=6, world_size=1, seed=7)
+    default = choose(events, kills=7, world_size=1)
+    drawn = choose(events, kills=7, world_size=1, seed=7)
+    assert [c.point.event for c in drawn] == list(KINDS)
+    assert drawn == choose(events, kills=7, world_size=1, seed=7)
     assert [c.point.n for c in drawn] != [c.point.n for c in default]

@@ -1,7 +1,7 @@
 """``paratrain verify-resume [options] SCRIPT [ARGS...]``: prove a script restart-safe.
 
     paratrain verify-resume train.py --epochs 3            # 1 rank, 4 killed runs
-    paratrain verify-resume --nproc 2 --kills 6 train.py   # 2 ranks, every kind of kill point
+    paratrain verify-resume --nproc 2 --kills 7 train.py   # 2 ranks, every kind of kill point
     paratrain verify-resume --compare-files best.pt --json train.py
     paratrain verify-resume --atol 1e-6 train.py           # non-deterministic kernels
     paratrain verify-resume -m pkg.train --lr 3e-4         # a module instead of a script

@@ -5,14 +5,14 @@
         choice.point          # KillPoint("mid_window", 6, 1): rank 1 dies at its 6th one
         choice.step, choice.epoch
 
-Kinds are taken in the order of :data:`paratrain.faults.EVENTS`, skipping those the run never
-reached; with more kills than kinds, the same kinds come round again with other ordinals. Each
-kind's ordinals are spread through the run: the middle occurrence first, then a quarter and
-three quarters of the way, and so on (never the first while others are left). The kills
-alternate between the last rank and rank 0, starting with the last (another rank that has the
-event when the preferred one never has it: only the main process writes a replicated
-checkpoint). A ``seed`` other than 0
-draws the ordinals in a random order instead.
+Kinds are taken in the order of :data:`KINDS` (the events, and ``preempt``: a SIGTERM sent at
+a step), skipping those the run never reached; with more kills than kinds, the same kinds come
+round again with other ordinals. Each kind's ordinals are spread through the run: the middle
+occurrence first, then a quarter and three quarters of the way, and so on (never the first while
+others are left). The kills alternate between the last rank and rank 0, starting with the last
+(another rank that has the event when the preferred one never has it: only the main process
+writes a replicated checkpoint). A ``seed`` other than 0 draws the ordinals in a random order
+instead.
 """
 
 from __future__ import annotations
@@ -22,13 +22,21 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from paratrain.faults import EVENTS, KillPoint
+from paratrain.faults import EVENTS, PREEMPT, KillPoint
+
+KINDS = ("mid_window", "step", "saved", "save_write", PREEMPT, "eval_batch", "epoch")
+"""Kill point kinds in the order verify-resume takes them: the events, and a preemption signal
+(SIGTERM) sent at a step, found at the ``step`` events of the trace."""
+
+SOURCE = {PREEMPT: "step"}
+"""The event a kind is found at, where it is not an event itself."""
 
 DESCRIPTIONS = {
     "mid_window": "mid accumulation window",
     "step": "just after an optimizer step",
     "saved": "right after a save returned",
     "save_write": "during a save's write",
+    PREEMPT: "SIGTERM (preemption) after a step",
     "eval_batch": "mid eval pass",
     "epoch": "at an epoch boundary",
 }
@@ -104,12 +112,15 @@ def choose(events: list[Event], *, kills: int, world_size: int, seed: int = 0) -
     by_kind: dict[str, dict[int, list[Event]]] = {}
     for e in sorted(first, key=lambda e: (e.event, e.rank, e.n)):
         by_kind.setdefault(e.event, {}).setdefault(e.rank, []).append(e)
+    for kind, source in SOURCE.items():
+        if source in by_kind:
+            by_kind[kind] = by_kind[source]
     queues = {
-        (kind, rank): _order(found, seed)
+        (kind, rank): _order(found, seed, later=kind in SOURCE)
         for kind, ranks in by_kind.items()
         for rank, found in ranks.items()
     }
-    kinds = [k for k in EVENTS if k in by_kind]
+    kinds = [k for k in KINDS if k in by_kind]
     chosen: list[Choice] = []
     while len(chosen) < kills and any(queues.values()):
         for kind in kinds:
@@ -126,9 +137,12 @@ def choose(events: list[Event], *, kills: int, world_size: int, seed: int = 0) -
     return chosen
 
 
-def _order(found: list[Event], seed: int) -> list[Event]:
+def _order(found: list[Event], seed: int, *, later: bool = False) -> list[Event]:
+    """``found`` in the order tried; ``later``: a kind found at another kind's events takes
+    them from the back of that order (another step than the plain ``step`` kill)."""
     if seed:
         shuffled = list(found)
-        random.Random(f"{seed}:{found[0].event}:{found[0].rank}").shuffle(shuffled)
+        random.Random(f"{seed}:{found[0].event}:{found[0].rank}:{later}").shuffle(shuffled)
         return shuffled
-    return [found[i] for i in spread(len(found))]
+    order = [found[i] for i in spread(len(found))]
+    return order[1:] + order[:1] if later and len(order) > 1 else order

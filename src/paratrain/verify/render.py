@@ -7,6 +7,8 @@ print(as_json(report))
 from __future__ import annotations
 
 import json
+import os
+import sys
 
 from rich.console import Console
 from rich.markup import escape
@@ -46,6 +48,19 @@ def not_deterministic(difference: Difference, pattern: str | None) -> str:
     return NOT_DETERMINISTIC.format(difference=difference)
 
 
+LOG_WIDTH = 160
+"""Columns of the table in a log or a pipe (no terminal to measure): wide enough that a row
+keeps its first difference on one line."""
+
+
+def _width() -> int | None:
+    """The terminal's width (None: rich measures it), else ``COLUMNS`` or :data:`LOG_WIDTH`."""
+    if sys.stdout.isatty():
+        return None
+    columns = os.environ.get("COLUMNS", "")
+    return max(int(columns), 80) if columns.isdigit() else LOG_WIDTH
+
+
 def as_json(report: Report) -> str:
     """The whole report as JSON."""
     return json.dumps(report.to_json(), indent=2)
@@ -53,7 +68,7 @@ def as_json(report: Report) -> str:
 
 def show(report: Report, console: Console | None = None) -> None:
     """Print the report as a table, the times and the verdict."""
-    console = console or Console()
+    console = console or Console(width=_width())
     script = " ".join(report.options.target)
     if report.failed is not None:
         failed = report.failed

@@ -23,7 +23,7 @@ from paratrain.errors import ConfigError
 from paratrain.paths import check_creatable
 from paratrain.run_dir import RunDir
 from paratrain.verify.compare import Difference, compare
-from paratrain.verify.kill_points import Choice, choose, read_trace
+from paratrain.verify.kill_points import SOURCE, Choice, choose, read_trace
 from paratrain.verify.report import Options, Outcome, Report
 from paratrain.verify.runs import RunFiles, RunResult, launch, plan_for, reported_dirs
 from paratrain.verify.states import MISSING, run_state
@@ -160,11 +160,12 @@ def _killed(
         options.target, nproc=options.nproc, files=files, kill=choice.point, timeout_s=limit
     )
     point = choice.point
+    event = SOURCE.get(point.event, point.event)  # a preemption is sent at a step
     reached = next(
         (
             e
             for e in read_trace(files.trace)
-            if (e.event, e.n, e.rank, e.restart) == (point.event, point.n, point.rank, 0)
+            if (e.event, e.n, e.rank, e.restart) == (event, point.n, point.rank, 0)
         ),
         None,
     )
