@@ -74,7 +74,6 @@ def test_the_first_difference_follows_the_order_of_the_first_state() -> None:
 
 
 def test_files_named_differently_are_not_called_nondeterminism() -> None:
-    from paratrain.verify.compare import compare
     from paratrain.verify.render import not_deterministic
 
     first = {"files": {"out-1.pt": b"x"}}
@@ -83,3 +82,16 @@ def test_files_named_differently_are_not_called_nondeterminism() -> None:
     assert "have other names" in text and "out-1.pt" in text and "not deterministic" not in text
     text = not_deterministic(compare({"w": 1.0}, {"w": 2.0})[0], None)
     assert "not deterministic" in text
+
+
+def test_excluded_paths_are_left_out_and_nothing_else() -> None:
+    first = {"rank 0": {"extras": {"started": 1.0, "best": 0.5}, "w": torch.ones(2)}}
+    second = {"rank 0": {"extras": {"started": 2.0, "best": 0.5, "pid": 7}, "w": torch.ones(2)}}
+    assert [d.path for d in compare(first, second)] == [
+        "rank 0/extras/started",
+        "rank 0/extras/pid",
+    ]
+    assert compare(first, second, ignore=("rank */extras/started", "*/pid")) == []
+    second["rank 0"]["w"] = torch.zeros(2)
+    found = compare(first, second, ignore=("rank */extras",))
+    assert [d.path for d in found] == ["rank 0/w"]

@@ -60,6 +60,14 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         default=0.0,
         help="allow max |Δ| up to this for floats (default 0: bit for bit)",
     )
+    p.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="leave out state at this path (a glob of the path a difference names, e.g. "
+        "'rank */extras/started'); repeatable",
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument(
         "-m",
@@ -103,6 +111,7 @@ def verify_command(args: argparse.Namespace) -> int:
         run_dir=args.run_dir,
         compare_files=args.compare_files,
         atol=args.atol,
+        exclude=tuple(args.exclude),
     )
     try:
         report = verify(options, say=_say)

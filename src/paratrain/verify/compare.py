@@ -12,6 +12,7 @@ built the state (models before optimizers before counters).
 
 from __future__ import annotations
 
+import fnmatch
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -39,18 +40,32 @@ class Difference:
 
 
 def compare(
-    a: Any, b: Any, *, atol: float = 0.0, names: tuple[str, str] = ("first", "second")
+    a: Any,
+    b: Any,
+    *,
+    atol: float = 0.0,
+    names: tuple[str, str] = ("first", "second"),
+    ignore: tuple[str, ...] = (),
 ) -> list[Difference]:
-    """Every difference between ``a`` and ``b`` (up to :data:`MAX_DIFFERENCES`)."""
+    """Every difference between ``a`` and ``b`` (up to :data:`MAX_DIFFERENCES`), leaving out
+    those at a path that matches a glob of ``ignore`` (or lies below one)."""
     found: list[Difference] = []
-    _walk(a, b, "", atol, names, found)
+    _walk(a, b, "", atol, names, found, ignore)
     return found
 
 
 def _walk(
-    a: Any, b: Any, path: str, atol: float, names: tuple[str, str], found: list[Difference]
+    a: Any,
+    b: Any,
+    path: str,
+    atol: float,
+    names: tuple[str, str],
+    found: list[Difference],
+    ignore: tuple[str, ...] = (),
 ) -> None:
     if len(found) >= MAX_DIFFERENCES:
+        return
+    if ignore and path and _ignored(path, ignore):
         return
     here = path or "(root)"
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
@@ -61,23 +76,27 @@ def _walk(
         for key, value in a.items():
             child = f"{path}/{key}" if path else str(key)
             if key in b:
-                _walk(value, b[key], child, atol, names, found)
-            else:
+                _walk(value, b[key], child, atol, names, found, ignore)
+            elif not _ignored(child, ignore):
                 found.append(Difference(child, f"only in the {names[0]}"))
         for key in b:
-            if key not in a:
-                child = f"{path}/{key}" if path else str(key)
+            child = f"{path}/{key}" if path else str(key)
+            if key not in a and not _ignored(child, ignore):
                 found.append(Difference(child, f"only in the {names[1]}"))
     elif isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         if len(a) != len(b):
             found.append(Difference(here, f"{len(a)} items vs {len(b)}"))
             return
         for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            _walk(x, y, f"{path}/{i}" if path else str(i), atol, names, found)
+            _walk(x, y, f"{path}/{i}" if path else str(i), atol, names, found, ignore)
     else:
         difference = scalars(a, b, atol)
         if difference is not None:
             found.append(Difference(here, *difference))
+
+
+def _ignored(path: str, patterns: tuple[str, ...]) -> bool:
+    return any(fnmatch.fnmatchcase(path, pattern) for pattern in patterns)
 
 
 def tensors(a: torch.Tensor, b: torch.Tensor, atol: float) -> tuple[str, float | None] | None:

@@ -40,6 +40,8 @@ class Options:
     """A glob of files under each run dir to compare too (``best.pt``)."""
     atol: float = 0.0
     """Allowed max |Δ| of floats (0: bit for bit)."""
+    exclude: tuple[str, ...] = ()
+    """Globs of state paths left out of every comparison (a time stamp kept in the extras)."""
 
 
 @dataclass(kw_only=True)

@@ -52,7 +52,7 @@ def verify(options: Options, *, say: Callable[[str], None]) -> Report:
         return _done(report, started)
     repeat = run_state(second, world_size=options.nproc, compare_files=options.compare_files)
     names = ("first uninterrupted run", "second uninterrupted run")
-    differences = compare(reference, repeat, atol=options.atol, names=names)
+    differences = compare(reference, repeat, atol=options.atol, names=names, ignore=options.exclude)
     if differences:
         report.nondeterminism = differences[0]
         say(f"verify-resume: the two uninterrupted runs differ: {differences[0]}")
@@ -193,7 +193,7 @@ def _killed(
         outcome.difference = Difference(lost, "no final state written after the restart")
         return outcome
     names = ("uninterrupted run", "killed run")
-    differences = compare(reference, state, atol=options.atol, names=names)
+    differences = compare(reference, state, atol=options.atol, names=names, ignore=options.exclude)
     if differences:
         outcome.result, outcome.difference = "DIFFERS", differences[0]
     return outcome
