@@ -86,3 +86,21 @@ def test_torchruns_own_child_failed_traceback_is_dropped_and_the_ranks_output_ke
 def test_any_other_torchrun_traceback_is_shown_whole() -> None:
     text = 'Traceback (most recent call last):\n  File "x.py", line 2\nRendezvousError: timeout\n'
     assert _shown(text) == text
+
+
+def test_a_signal_as_the_ranks_finish_leaves_the_jobs_success(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SIGTERM reached `paratrain run` in the last second, but torchrun ended with every rank's
+    success: the job succeeded (exit 0, not 143)."""
+    from paratrain import cli
+    from paratrain.launcher import command
+
+    monkeypatch.setattr(command, "supervise", lambda *a, **k: (0, signal.SIGTERM, ""))
+    script = tmp_path / "train.py"
+    script.write_text("print('done')\n")
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["run", "--nproc", "1", str(script)]) == 0
+    assert "got SIGTERM as the ranks were finishing" in capsys.readouterr().err
+    monkeypatch.setattr(command, "supervise", lambda *a, **k: (1, signal.SIGTERM, ""))
+    assert cli.main(["run", "--nproc", "1", str(script)]) == 143

@@ -32,7 +32,7 @@ VALUED_OPTIONS = {
         }
     ),
     "verify-resume": frozenset(
-        {"--nproc", "--kills", "--seed", "--run-dir", "--compare-files", "--atol"}
+        {"--nproc", "--kills", "--seed", "--run-dir", "--compare-files", "--atol", "--exclude"}
     ),
 }
 """Per command, the options that take a value (``--nproc 2`` or ``--nproc=2``)."""

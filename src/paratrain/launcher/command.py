@@ -170,11 +170,18 @@ def run_command(args: argparse.Namespace) -> int:
         if preempted is not None:  # the ranks saved and stopped: a signal asked them to
             print(f"paratrain run: {preempted}", file=sys.stderr, flush=True)
             return PREEMPTED_EXIT
+        if code == 0:  # every rank finished, also when a signal came as they did
+            if stopped_by is not None:
+                print(
+                    f"paratrain run: got {stopped_by.name} as the ranks were finishing; every "
+                    "rank finished, so the job succeeded",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            return 0
         if stopped_by is not None:
             print(f"paratrain run: {STOPPED[stopped_by][0]}", file=sys.stderr, flush=True)
             return STOPPED[stopped_by][1]
-        if code == 0:
-            return 0
         run_dir = reported_run_dir(report, known=args.run_dir)
     text = failure_message(
         code, output, run_dir, args.max_restarts, node_rank=plan.node_rank, tracebacks=ranks.own
