@@ -156,6 +156,9 @@ class LoopHooks:
         rewound to the round's end before the save, so that the rerun makes them again."""
         if entry not in _SAFE_ENTRIES or not self._round_done:
             return
+        if self._own_batches_mid_epoch():  # no safe point before the epoch's end
+            self._stop_if_agreed(rewind=None, act=False)  # but note the step, learn the stop
+            return
         self._round_done = False
         rewind, self._rewind = self._rewind, None
         if entry != "backward":
@@ -164,13 +167,32 @@ class LoopHooks:
             self._stop_if_agreed(rewind=rewind)
         # alone, the signal came after the round's end: the next round's end captures it
 
+    def _own_batches_mid_epoch(self) -> bool:
+        """Inside a ``run.epochs`` epoch whose batches no training loader hands out (the loop
+        makes its own), after a step: nothing says which of the epoch's batches were trained
+        on, so a save here cannot resume exactly; the epoch's end (:meth:`epoch_ended`) can."""
+        loop = self.run.loop
+        if not loop.in_epochs or loop.global_step == loop.epoch_start_step:
+            return False
+        return not any(
+            ld.train and ld.position.epoch == loop.epoch for ld in self.run.tracked.loaders
+        )
+
+    def epoch_ended(self) -> None:
+        """``run.epochs`` moved to the next epoch: a safe point (the last one of a loop that
+        makes its own batches inside ``run.epochs``)."""
+        if self._round_done:
+            self._entry_safe_point("epochs")
+
     def _is_alone(self) -> bool:
         alone = self._alone
         if alone is None:  # the group, when there is one, exists from the run's start
             alone = self._alone = self.run.world_size == 1 or not dist.is_initialized()
         return alone
 
-    def _stop_if_agreed(self, rewind: _Rewind | None) -> None:
+    def _stop_if_agreed(self, rewind: _Rewind | None, *, act: bool = True) -> None:
+        """Save and exit when the ranks agreed to stop at this step (``act=False``: only take
+        part in the agreement, at a point that is no safe point)."""
         run = self.run
         preemption = run.preemption
         if preemption is None:
@@ -183,7 +205,10 @@ class LoopHooks:
         store = None if alone else dist.distributed_c10d._get_default_store()
         step = run.loop.global_step
         rank = 0 if alone else dist.get_rank()
-        if not preemption.agreed(store, self._preempt_key(), step, rank=rank, world=run.world_size):
+        agreed = preemption.agreed(
+            store, self._preempt_key(), step, rank=rank, world=run.world_size
+        )
+        if not (agreed and act):
             return
         if rewind is not None:
             rewind.apply()

@@ -334,6 +334,7 @@ class Run(RunBase):
                 yield self.loop.epoch
                 self._hooks.drop_unfinished_windows()
                 self.loop.next_epoch()
+                self._hooks.epoch_ended()
                 faults.emit("epoch")
         finally:
             self.loop.in_epochs = False
