@@ -5,6 +5,8 @@ between an optimizer step and the script's own post-step code (or between two mo
 
 SHAPE ``own``: a loop without ``run.loader`` (batches from ``torch.randint``), dropout and
 BatchNorm, an ``AveragedModel`` and a counter updated after the step, a scheduler stepped by hand.
+SHAPE ``own_epochs``: ``run.epochs`` with batches the loop makes itself (word_language_model's
+shape) and a scheduler stepped per epoch: no safe point before the epoch's end.
 SHAPE ``two_loaders``: model 1 on the training loader, model 2 on a second loader read with
 ``next()`` after model 1 stepped. ``--signal-at K``: the process sends itself SIGTERM right after
 the optimizer step that makes ``run.global_step == K`` (before the post-step code). The final
@@ -24,7 +26,7 @@ import paratrain as pt
 
 parser = argparse.ArgumentParser()
 parser.add_argument("run_dir", type=Path)
-parser.add_argument("shape", choices=["own", "two_loaders"])
+parser.add_argument("shape", choices=["own", "two_loaders", "own_epochs"])
 parser.add_argument("--signal-at", type=int, default=-1)
 parser.add_argument("--signal-after-loop", action="store_true")
 args = parser.parse_args()
@@ -72,6 +74,18 @@ if args.shape == "own":
         ema.update_parameters(run.unwrap(model))
         counter.count += 1
     out = {"ema": ema.state_dict(), "counter": counter.count, "lr": sched.get_last_lr()}
+elif args.shape == "own_epochs":
+    model_net = net()
+    model, opt = run.setup(model_net, torch.optim.SGD(model_net.parameters(), lr=0.1))
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    run.track(sched, name="sched")
+    for _epoch in run.epochs(3):
+        for i in range(0, 48, 8):  # its own batches, in order
+            run.backward(nn.functional.cross_entropy(model(features[i : i + 8]), labels[i : i + 8]))
+            run.step(opt)
+            signal_at(run.global_step)
+        sched.step()
+    out = {"lr": sched.get_last_lr()}
 else:
     a_net, b_net = net(), net()
     a, opt_a = run.setup(a_net, torch.optim.SGD(a_net.parameters(), lr=0.1), name="a")
