@@ -324,6 +324,9 @@ def test_iterable_dataset_on_several_ranks_is_split_with_a_note() -> None:
         def on_batch(self) -> None:
             pass
 
+        def worker_signals(self) -> tuple[int, ...]:
+            return ()
+
         def safe_point(self) -> None:
             pass
 

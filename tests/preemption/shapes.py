@@ -7,6 +7,8 @@ SHAPE ``own``: a loop without ``run.loader`` (batches from ``torch.randint``), d
 BatchNorm, an ``AveragedModel`` and a counter updated after the step, a scheduler stepped by hand.
 SHAPE ``own_epochs``: ``run.epochs`` with batches the loop makes itself (word_language_model's
 shape) and a scheduler stepped per epoch: no safe point before the epoch's end.
+SHAPE ``accum``: a loader with ``--workers`` and windows of 8 micro-batches (more batches
+after the signal than the workers have prefetched).
 SHAPE ``two_loaders``: model 1 on the training loader, model 2 on a second loader read with
 ``next()`` after model 1 stepped. ``--signal-at K``: the process sends itself SIGTERM right after
 the optimizer step that makes ``run.global_step == K`` (before the post-step code). The final
@@ -26,9 +28,11 @@ import paratrain as pt
 
 parser = argparse.ArgumentParser()
 parser.add_argument("run_dir", type=Path)
-parser.add_argument("shape", choices=["own", "two_loaders", "own_epochs"])
+parser.add_argument("shape", choices=["own", "two_loaders", "own_epochs", "accum"])
 parser.add_argument("--signal-at", type=int, default=-1)
 parser.add_argument("--signal-after-loop", action="store_true")
+parser.add_argument("--workers", type=int, default=0, help="DataLoader workers (two_loaders)")
+parser.add_argument("--to-group", action="store_true", help="signal every process of the group")
 args = parser.parse_args()
 
 
@@ -44,7 +48,13 @@ class Counter:
 
 
 def signal_at(step: int) -> None:
-    if step == args.signal_at:
+    if step == args.signal_at and args.to_group:  # loader workers too, as a scheduler does
+        group = os.getpgid(0)
+        assert group == os.getpid(), "start it in a session of its own (start_new_session)"
+        if os.fork() == 0:  # sent by another process than the workers' parent, as from outside
+            os.killpg(group, signal.SIGTERM)
+            os._exit(0)
+    elif step == args.signal_at:
         os.kill(os.getpid(), signal.SIGTERM)  # handled at once: the flag is up before the next line
 
 
@@ -53,8 +63,9 @@ def net() -> nn.Module:
 
 
 run = pt.Run(
-    run_dir=args.run_dir, progress=False, seed=0, stats_every=None, preempt_signals=("SIGTERM",)
-)
+    run_dir=args.run_dir, progress=False, seed=0, stats_every=None, preempt_signals=("SIGTERM",),
+    grad_accum=8 if args.shape == "accum" else 1,
+)  # fmt: skip
 torch.manual_seed(0)
 features, labels = torch.randn(96, 8), torch.randint(0, 3, (96,))
 out: dict[str, object] = {}
@@ -74,6 +85,17 @@ if args.shape == "own":
         ema.update_parameters(run.unwrap(model))
         counter.count += 1
     out = {"ema": ema.state_dict(), "counter": counter.count, "lr": sched.get_last_lr()}
+elif args.shape == "accum":
+    model_net = net()
+    model, opt = run.setup(model_net, torch.optim.SGD(model_net.parameters(), lr=0.1))
+    data = torch.utils.data.TensorDataset(features, labels)
+    loader = run.loader(data, batch_size=2, num_workers=args.workers)
+    for _ in run.epochs(2):
+        for x, y in loader:
+            with run.accumulate(model):
+                run.backward(nn.functional.cross_entropy(model(x), y))
+            if run.step(opt):
+                signal_at(run.global_step)
 elif args.shape == "own_epochs":
     model_net = net()
     model, opt = run.setup(model_net, torch.optim.SGD(model_net.parameters(), lr=0.1))
@@ -91,8 +113,8 @@ else:
     a, opt_a = run.setup(a_net, torch.optim.SGD(a_net.parameters(), lr=0.1), name="a")
     b, opt_b = run.setup(b_net, torch.optim.SGD(b_net.parameters(), lr=0.1), name="b")
     data = torch.utils.data.TensorDataset(features, labels)
-    loader = run.loader(data, batch_size=8)
-    aux = run.loader(data, batch_size=8)
+    loader = run.loader(data, batch_size=8, num_workers=args.workers)
+    aux = run.loader(data, batch_size=8, num_workers=args.workers)
     aux_batches = iter(aux)
     for _ in run.epochs(2):
         for x, y in loader:

@@ -21,7 +21,7 @@ def run_shape(run_dir: Path, shape: str, *args: str) -> tuple[int, str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
         [sys.executable, str(SHAPES), str(run_dir), shape, *args],
-        env=env, capture_output=True, text=True, timeout=180,
+        env=env, capture_output=True, text=True, timeout=180, start_new_session=True,
     )  # fmt: skip
     return done.returncode, done.stdout + done.stderr
 
@@ -57,3 +57,18 @@ def test_a_signal_after_the_loop_is_named_at_close(tmp_path: Path) -> None:
     code, out = run_shape(tmp_path, "own", "--signal-after-loop")
     assert code == 0, out[-3000:]
     assert "came after the training loop's last safe point" in out
+
+
+def test_a_signal_to_every_process_of_the_job_spares_the_loader_workers(tmp_path: Path) -> None:
+    """SIGTERM to the whole process group (the training process and its DataLoader workers,
+    as a scheduler sends it): the workers ignore it, the training process saves and stops."""
+    args = ("--workers", "2", "--signal-at", "2", "--to-group")
+    code, out = run_shape(tmp_path / "reference", "accum", "--workers", "2")
+    assert code == 0, out[-3000:]
+    code, out = run_shape(tmp_path / "preempted", "accum", *args)
+    assert code == 75, out[-3000:]
+    assert "DataLoader worker" not in out
+    code, out = run_shape(tmp_path / "preempted", "accum", *args)
+    assert code == 0, out[-3000:]
+    final = [torch.load(tmp_path / d / "final.pt") for d in ("reference", "preempted")]
+    assert differences(*final) == []

@@ -14,7 +14,9 @@ chosen here, once for both kinds.
 
 from __future__ import annotations
 
+import functools
 import os
+import signal
 import warnings
 from typing import Any
 
@@ -108,9 +110,23 @@ def _defaults(
         workers = num_workers
     kwargs.setdefault("pin_memory", device.type == "cuda")
     kwargs.setdefault("persistent_workers", persistent and workers > 0)
+    signals = hooks.worker_signals() if hooks is not None and workers > 0 else ()
+    if signals:  # a signal sent to the whole job must not kill a worker mid-batch
+        kwargs["worker_init_fn"] = functools.partial(
+            _worker_init, signals, kwargs.get("worker_init_fn")
+        )
     owns_generator = "generator" not in kwargs
     kwargs.setdefault("generator", torch.Generator())
     return workers, owns_generator
+
+
+def _worker_init(signals: tuple[int, ...], user_init: Any, worker_id: int) -> None:
+    """In a DataLoader worker: ignore the preemption ``signals``, then run the script's own
+    ``worker_init_fn``."""
+    for number in signals:
+        signal.signal(number, signal.SIG_IGN)
+    if user_init is not None:
+        user_init(worker_id)
 
 
 def _pass_seed(seed: int, rank: int) -> Any:

@@ -122,6 +122,11 @@ class LoaderHooks(Protocol):
         """A gloo process group of all ranks for streams to agree on (None: one process)."""
         ...
 
+    def worker_signals(self) -> tuple[int, ...]:
+        """Signals the loader's worker processes ignore: the run's preemption signals, which
+        the training process turns into a save (it stops its workers itself)."""
+        ...
+
 
 @dataclasses.dataclass(slots=True)
 class Position:

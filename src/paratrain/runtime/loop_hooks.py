@@ -261,6 +261,11 @@ class LoopHooks:
             self._stream_group = dist.new_group(backend="gloo", timeout=timeout)
         return self._stream_group
 
+    def worker_signals(self) -> tuple[int, ...]:
+        """The preemption signals (ignored by DataLoader workers; none when off)."""
+        preemption = self.run.preemption
+        return tuple(int(s) for s in preemption.signals) if preemption is not None else ()
+
     def progress(self) -> None:
         """Tell the hang watchdog the loop moved."""
         watchdog = self.run.watchdog()
