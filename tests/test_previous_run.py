@@ -131,3 +131,19 @@ def test_a_preempted_checkpoint_resumes_only_for_the_same_command(
         _train(tmp_path, steps=1)
     monkeypatch.setattr("sys.argv", ["train.py", "--lr", "0.1"])
     assert _train(tmp_path, steps=1).global_step == 3
+
+
+def test_a_model_that_does_not_fit_a_preempted_checkpoint_hints_fresh(tmp_path: Path) -> None:
+    from paratrain.errors import CheckpointError
+    from paratrain.runtime import save_restore
+
+    first = _train(tmp_path, steps=1)
+    newest = first.store.latest_valid()
+    assert newest is not None
+    save_restore.mark_preempted(first.store, newest[0])
+    run = pt.Run(run_dir=tmp_path, progress=False, stats_every=None)
+    net = torch.nn.Linear(4, 3)  # another model
+    model, opt = run.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
+    with pytest.raises(CheckpointError, match=r"does not fit.*paratrain run --fresh"):
+        run.backward(model(torch.ones(8, 4)).sum())
+    run.close()

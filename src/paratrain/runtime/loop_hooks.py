@@ -25,7 +25,7 @@ import torch.distributed as dist
 from paratrain.config import RunConfig
 from paratrain.data.loader import DeviceLoader
 from paratrain.distributed.watchdog import Watchdog
-from paratrain.errors import ConfigError
+from paratrain.errors import CheckpointError, ConfigError
 from paratrain.profiling.step_profiler import StepProfiler
 from paratrain.runtime import save_restore as checkpoints
 from paratrain.runtime.accumulation import Windows
@@ -311,8 +311,16 @@ class LoopHooks:
         if checkpoints.previous_run_pending():
             if saving:  # a save on some ranks only: its own error, not a hang in the check
                 checkpoints.store.check_every_rank_called()
-            if checkpoints.check_previous_run():
-                self.resume(keep_global_batch=True)  # the newest was saved on preemption
+            if checkpoints.check_previous_run():  # the newest was saved on preemption
+                try:
+                    self.resume(keep_global_batch=True)
+                except CheckpointError as err:
+                    raise CheckpointError(
+                        f"{err} (It was resumed by itself because it was saved when a run in "
+                        "this ckpt_dir was preempted. If this is another run, start it with "
+                        "`paratrain run --fresh` (Run(previous_run='fresh')), which moves the "
+                        "old checkpoints aside.)"
+                    ) from None
 
     def resume(self, *, keep_global_batch: bool) -> dict[str, Any] | None:
         """Restore the newest valid checkpoint into the registered pieces."""
