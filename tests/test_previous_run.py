@@ -143,7 +143,7 @@ def test_a_model_that_does_not_fit_a_preempted_checkpoint_hints_fresh(tmp_path: 
     save_restore.mark_preempted(first.store, newest[0])
     run = pt.Run(run_dir=tmp_path, progress=False, stats_every=None)
     net = torch.nn.Linear(4, 3)  # another model
-    model, opt = run.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
+    model, _opt = run.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
     with pytest.raises(CheckpointError, match=r"does not fit.*paratrain run --fresh"):
         run.backward(model(torch.ones(8, 4)).sum())
     run.close()
