@@ -138,8 +138,11 @@ def test_failure_summary_names_rank_and_signal() -> None:
 
 def test_failure_message_points_only_at_a_known_run_dir(tmp_path: Path) -> None:
     known = failure_message(1, "", tmp_path, 2)
-    assert "torchrun exited with code 1, after 2 restart(s)" in known
+    assert "torchrun exited with code 1, after 0 of 2 allowed restart(s)" in known
     assert f"are in {tmp_path}" in known and "--max-restarts" not in known  # not a signal
+    (tmp_path / "restarts.jsonl").write_text('{"restart": 1, "step": 4}\n{"restart": 2}\n')
+    assert "after 2 of 3 allowed restart(s)" in failure_message(1, "", tmp_path, 3)
+    assert "how many ran is not known" in failure_message(1, "", None, 3)
     unknown = failure_message(1, "", None, 0)
     assert "reported no run dir" in unknown and "runs/" not in unknown
     other_node = failure_message(1, "", None, 0, node_rank=1)

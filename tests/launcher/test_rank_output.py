@@ -92,3 +92,24 @@ def test_the_preempted_exit_code_is_the_runtimes() -> None:
     from paratrain.runtime.preemption import PREEMPTED_EXIT as RUNTIME
 
     assert PREEMPTED_EXIT == RUNTIME == 75
+
+
+def test_a_traceback_without_rank_prefixes_is_named_too() -> None:
+    """One process, or an error before or inside pt.Run(): no process group, so no "[rankN]: "
+    prefixes. The summary still names the exception and the script's line (not a frame of
+    generated code, nor torchrun's own ChildFailedError)."""
+    unprefixed = [line.removeprefix("[rank1]: ") for line in RANK1_OWN]
+    generated = ['  File "<string>", line 50, in __init__\n', "    x\n"]
+    agent = [
+        "Traceback (most recent call last):\n",
+        '  File "/site-packages/torch/distributed/run.py", line 9, in main\n',
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n",
+    ]
+    lines = [*unprefixed[:4], *generated, *unprefixed[4:], *agent, REPORT]
+    shown, ranks = _show(lines)
+    assert shown == lines  # shown as they came
+    assert ranks.unprefixed is not None and ranks.unprefixed[-1] == "ValueError: bad shape"
+    text = failure_message(
+        1, "".join(lines), None, 0, tracebacks=ranks.own, unprefixed=ranks.unprefixed
+    )
+    assert "rank 1 raised ValueError: bad shape at /job/train.py:7" in text

@@ -184,6 +184,12 @@ def run_command(args: argparse.Namespace) -> int:
             return STOPPED[stopped_by][1]
         run_dir = reported_run_dir(report, known=args.run_dir)
     text = failure_message(
-        code, output, run_dir, args.max_restarts, node_rank=plan.node_rank, tracebacks=ranks.own
+        code,
+        output,
+        run_dir,
+        args.max_restarts,
+        node_rank=plan.node_rank,
+        tracebacks=ranks.own,
+        unprefixed=ranks.unprefixed,
     )
     raise JobFailedError(text, exit_code=exit_status(code, root_failure(output)))

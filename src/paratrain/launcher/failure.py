@@ -11,6 +11,7 @@ names the exception and the script's ``file:line``; a rank killed by a signal ex
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import sysconfig
@@ -94,6 +95,24 @@ def exit_status(code: int, failed: RankExit | None) -> int:
     return code
 
 
+def _restarts_recorded(run_dir: Path | None) -> int | None:
+    """Restarts the run recorded (``restarts.jsonl``: a line per restarted attempt that came as
+    far as resuming); None when the run dir is unknown."""
+    if run_dir is None:
+        return None
+    try:
+        lines = RunDir(run_dir).restarts.read_text().splitlines()
+    except OSError:
+        return 0
+    attempts = set()
+    for line in lines:
+        try:
+            attempts.add(json.loads(line).get("restart"))
+        except (ValueError, AttributeError):
+            continue  # a line cut short
+    return len(attempts)
+
+
 def reported_run_dir(report: Path, *, known: Path | None) -> Path | None:
     """The run dir the script's Run reported, else ``--run-dir``, else None (unknown)."""
     record = read_report(report)
@@ -144,6 +163,7 @@ def failure_message(
     *,
     node_rank: int = 0,
     tracebacks: dict[int, list[str]] | None = None,
+    unprefixed: list[str] | None = None,
 ) -> str:
     """Why the job failed: the rank and what it raised (or its signal, or the stalled rank),
     where to look, and what to do."""
@@ -152,6 +172,8 @@ def failure_message(
     raised = None
     if failed is not None and tracebacks and failed.rank in tracebacks:
         raised = raised_at(tracebacks[failed.rank], skip=_library_folders())
+    elif failed is not None and unprefixed:  # a rank without a process group (yet)
+        raised = raised_at(unprefixed, skip=_library_folders())
     if raised is not None:
         summary = f"rank {failed.rank} raised {_short(raised[0])} at {raised[1]}"  # type: ignore[union-attr]
     stacks = RunDir(run_dir).stacks if run_dir is not None else None
@@ -160,7 +182,13 @@ def failure_message(
         summary = f"stalled: {stalls['summary']}; stacks of every rank in {stacks}"
     text = f"the job failed: {summary}"
     if max_restarts:
-        text += f", after {max_restarts} restart(s)"
+        done = _restarts_recorded(run_dir)
+        text += (
+            f", after {done} of {max_restarts} allowed restart(s)"
+            if done is not None
+            else f" ({max_restarts} restart(s) allowed; the run dir is unknown, so how many ran "
+            "is not known)"
+        )
     text += ". Its traceback is above" if raised else ". The rank's own output is above"
     if run_dir is not None:
         text += f"; per-rank stacks, stats and restarts are in {run_dir}"

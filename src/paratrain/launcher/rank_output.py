@@ -22,6 +22,8 @@ import re
 from paratrain.errors import PEER_LOST, lost_a_peer
 
 PREFIX = re.compile(r"^\[rank(\d+)\]: ?")
+_LAUNCHER_EXCEPTIONS = ("torch.distributed.elastic", "ChildFailedError", "KeyboardInterrupt")
+"""Exceptions of torchrun itself (its agent), never a rank's."""
 TRACEBACK = "Traceback (most recent call last):"
 
 
@@ -34,11 +36,16 @@ class RankTracebacks:
         self.lost_peer: dict[int, list[str]] = {}
         """Each rank's last peer-loss traceback, as printed (with prefixes)."""
         self._held: dict[int, list[str]] = {}
+        self.unprefixed: list[str] | None = None
+        """The last traceback printed without a ``[rankN]:`` prefix (a rank without a process
+        group: one process, or an error before or inside ``pt.Run()``), shown as it came."""
+        self._loose: list[str] | None = None
 
     def feed(self, line: str) -> list[str]:
         """The lines to show now, given the next line of output."""
         match = PREFIX.match(line)
         if match is None:
+            self._follow_unprefixed(line)
             return [line]
         rank, text = int(match.group(1)), line[match.end() :]
         held = self._held.get(rank)
@@ -51,6 +58,17 @@ class RankTracebacks:
         if text[:1].isspace() or text.startswith(TRACEBACK) or not text.strip():
             return []  # a frame, its source line, or the carets under it
         return self._close(rank, text)
+
+    def _follow_unprefixed(self, line: str) -> None:
+        text = line.rstrip("\n")
+        if text.startswith(TRACEBACK):
+            self._loose = [text]
+        elif self._loose is not None:
+            self._loose.append(text)
+            if text and not text[:1].isspace() and not text.startswith(TRACEBACK):
+                if not text.startswith(_LAUNCHER_EXCEPTIONS) and not lost_a_peer(text):
+                    self.unprefixed = self._loose  # the exception line ends it
+                self._loose = None
 
     def _close(self, rank: int, exception_line: str) -> list[str]:
         block = self._held.pop(rank)
@@ -85,7 +103,11 @@ def raised_at(traceback: list[str], *, skip: tuple[str, ...] = ()) -> tuple[str,
     ]
     if not frames:
         return None
-    own = [f for f in frames if not any(folder in f[0] for folder in skip)]
+    own = [
+        f
+        for f in frames
+        if not f[0].startswith("<") and not any(folder in f[0] for folder in skip)  # <string>
+    ]
     path, number = (own or frames)[-1]
     ends = [line.strip() for line in traceback if line.strip() and not line[:1].isspace()]
     return (ends[-1] if ends else "", f"{path}:{number}")
