@@ -166,3 +166,57 @@ def test_run_print_takes_prints_keywords(
     with pt.Run(strategy="cpu", run_dir=tmp_path, progress=False) as run:
         run.print("a", "b", sep="-", end="!\n", flush=True)
     assert "a-b!\n" in capsys.readouterr().out
+
+
+def _clip_parity(shape: str, run_dir: Path) -> bool:
+    """One of three shapes, plain torch against pt.Run(max_grad_norm=0.05), bit for bit."""
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    x, y = torch.randn(8, 4), torch.randn(8, 2) * 10
+    models = [copy.deepcopy(base), copy.deepcopy(base)]
+    if shape == "param group added later":
+        for m in models:
+            m[0].requires_grad_(False)
+    for ours, model in enumerate(models):
+        run = (
+            pt.Run(strategy="cpu", run_dir=run_dir, progress=False, max_grad_norm=0.05)
+            if ours
+            else None
+        )
+        first, second = (torch.optim.SGD(model[i].parameters(), lr=0.1) for i in (0, 1))
+        # "head only": the body gets gradients but no optimizer holds it; "two optimizers":
+        # the first one steps every other iteration
+        opts = [first, second] if shape.startswith("two") else [second]
+        net = model
+        if run is not None:
+            net, *opts = run.setup(model, *opts)
+        for s in range(4):
+            if shape == "param group added later" and s == 2:
+                model[0].requires_grad_(True)
+                opts[0].add_param_group({"params": list(model[0].parameters()), "lr": 0.05})
+            loss = nn.functional.mse_loss(net(x), y)
+            if run is None:
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+            else:
+                run.backward(loss)
+            for k, opt in enumerate(opts):
+                if len(opts) == 2 and k == 0 and s % 2:
+                    continue  # not this iteration: its gradients wait
+                if run is None:
+                    opt.step()
+                    opt.zero_grad()
+                else:
+                    run.step(opt)
+            if len(opts) == 1:
+                model.zero_grad()
+        if run is not None:
+            run.close()
+    return same(*models)
+
+
+@pytest.mark.parametrize(
+    "shape", ["head only", "param group added later", "two optimizers, one skipping"]
+)
+def test_max_grad_norm_matches_clipping_every_model_parameter(shape: str, tmp_path: Path) -> None:
+    assert _clip_parity(shape, tmp_path)

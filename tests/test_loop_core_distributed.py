@@ -1,5 +1,6 @@
 """The loop core at 2 gloo ranks: a sharded (FSDP, DCP) save before an optimizer's first step
-creates no state and resumes as such; per-rank extras resume per rank."""
+creates no state and resumes as such, as does a parameter that never got a gradient; per-rank
+extras resume per rank."""
 
 from __future__ import annotations
 
@@ -43,7 +44,28 @@ def _scenario(run_dir: str) -> dict[str, Any]:
         extras = run.resume()
         out["resumed"] = (len(opt_a.state), len(opt_b.state), extras)
         out["steps"] = sorted(float(s["step"]) for s in opt_a.state.values())
+    for attempt in range(2):  # a parameter that never gets a gradient has no state to resume
+        with pt.Run(strategy="fsdp", run_dir=f"{run_dir}/unused", progress=False) as run:
+            torch.manual_seed(0)
+            net = _WithUnused()
+            model, opt = run.setup(net, torch.optim.Adam(net.parameters(), lr=0.1))
+            if attempt:
+                run.resume()
+                out["unused"] = len(opt.state)
+            else:
+                run.backward(model(x).square().mean())
+                run.step(opt)
+                run.save()
     return out
+
+
+class _WithUnused(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.used, self.unused = nn.Linear(6, 3), nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.used(x)
 
 
 def test_fsdp_save_before_a_first_step_and_per_rank_extras(tmp_path: Path) -> None:
@@ -52,3 +74,4 @@ def test_fsdp_save_before_a_first_step_and_per_rank_extras(tmp_path: Path) -> No
         assert result["state_after_save"] == (0, 0)
         assert result["resumed"] == (4, 0, {"rank": rank})
         assert result["steps"] == [1.0] * 4
+        assert result["unused"] == 2  # the used layer's weight and bias

@@ -23,7 +23,8 @@ def _train(run_dir: Path, *, steps: int, resume: bool = False, **settings: objec
     if resume:
         run.resume()
     for _ in range(steps):
-        run.backward(model(torch.ones(8, 4)).sum())
+        with run.accumulate(model):  # a resume by itself comes here, before the forward
+            run.backward(model(torch.ones(8, 4)).sum())
         run.step(opt)
         run.save()
     run.close()
@@ -146,4 +147,22 @@ def test_a_model_that_does_not_fit_a_preempted_checkpoint_hints_fresh(tmp_path: 
     model, _opt = run.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
     with pytest.raises(CheckpointError, match=r"does not fit.*paratrain run --fresh"):
         run.backward(model(torch.ones(8, 4)).sum())
+    run.close()
+
+
+def test_a_resume_that_would_come_after_the_forward_is_refused(tmp_path: Path) -> None:
+    """A loop whose first training action is run.backward: a preempted checkpoint taken up
+    there would replace the weights the loss was computed on. It is refused, naming the fix."""
+    from paratrain.runtime import save_restore
+
+    first = _train(tmp_path, steps=1)
+    newest = first.store.latest_valid()
+    assert newest is not None
+    save_restore.mark_preempted(first.store, newest[0])
+    run = pt.Run(run_dir=tmp_path, progress=False, stats_every=None)
+    net = torch.nn.Linear(4, 2)
+    model, _opt = run.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
+    loss = model(torch.ones(8, 4)).sum()
+    with pytest.raises(ConfigError, match=r"after the forward.*call run.resume\(\) right after"):
+        run.backward(loss)
     run.close()

@@ -7,11 +7,14 @@ SHAPE ``own``: a loop without ``run.loader`` (batches from ``torch.randint``), d
 BatchNorm, an ``AveragedModel`` and a counter updated after the step, a scheduler stepped by hand.
 SHAPE ``own_epochs``: ``run.epochs`` with batches the loop makes itself (word_language_model's
 shape) and a scheduler stepped per epoch: no safe point before the epoch's end.
+SHAPE ``own_accum``: no loader, ``grad_accum=2``, each micro-batch's batch drawn with
+``torch.randint`` just before its ``with run.accumulate(model):`` (the port guide's advice).
 SHAPE ``accum``: a loader with ``--workers`` and windows of 8 micro-batches (more batches
 after the signal than the workers have prefetched).
 SHAPE ``two_loaders``: model 1 on the training loader, model 2 on a second loader read with
 ``next()`` after model 1 stepped. ``--signal-at K``: the process sends itself SIGTERM right after
-the optimizer step that makes ``run.global_step == K`` (before the post-step code). The final
+the optimizer step that makes ``run.global_step == K`` (before the post-step code; 0: before the
+first batch), once per run dir. The final
 state goes to RUN_DIR/final.pt.
 """
 
@@ -28,7 +31,7 @@ import paratrain as pt
 
 parser = argparse.ArgumentParser()
 parser.add_argument("run_dir", type=Path)
-parser.add_argument("shape", choices=["own", "two_loaders", "own_epochs", "accum"])
+parser.add_argument("shape", choices=["own", "two_loaders", "own_epochs", "accum", "own_accum"])
 parser.add_argument("--signal-at", type=int, default=-1)
 parser.add_argument("--signal-after-loop", action="store_true")
 parser.add_argument("--workers", type=int, default=0, help="DataLoader workers (two_loaders)")
@@ -48,13 +51,16 @@ class Counter:
 
 
 def signal_at(step: int) -> None:
-    if step == args.signal_at and args.to_group:  # loader workers too, as a scheduler does
+    if step != args.signal_at or (args.run_dir / "signaled").exists():
+        return  # once per run dir: the rerun (the same command) runs on
+    (args.run_dir / "signaled").touch()
+    if args.to_group:  # loader workers too, as a scheduler does
         group = os.getpgid(0)
         assert group == os.getpid(), "start it in a session of its own (start_new_session)"
         if os.fork() == 0:  # sent by another process than the workers' parent, as from outside
             os.killpg(group, signal.SIGTERM)
             os._exit(0)
-    elif step == args.signal_at:
+    else:
         os.kill(os.getpid(), signal.SIGTERM)  # handled at once: the flag is up before the next line
 
 
@@ -64,7 +70,7 @@ def net() -> nn.Module:
 
 run = pt.Run(
     run_dir=args.run_dir, progress=False, seed=0, stats_every=None, preempt_signals=("SIGTERM",),
-    grad_accum=8 if args.shape == "accum" else 1,
+    grad_accum={"accum": 8, "own_accum": 2}.get(args.shape, 1),
 )  # fmt: skip
 torch.manual_seed(0)
 features, labels = torch.randn(96, 8), torch.randint(0, 3, (96,))
@@ -85,6 +91,16 @@ if args.shape == "own":
         ema.update_parameters(run.unwrap(model))
         counter.count += 1
     out = {"ema": ema.state_dict(), "counter": counter.count, "lr": sched.get_last_lr()}
+elif args.shape == "own_accum":
+    model_net = net()
+    model, opt = run.setup(model_net, torch.optim.SGD(model_net.parameters(), lr=0.1))
+    while run.global_step < 8:
+        for _ in range(2):
+            i = torch.randint(0, 96, (8,))
+            with run.accumulate(model):
+                run.backward(nn.functional.cross_entropy(model(features[i]), labels[i]))
+        run.step(opt)
+        signal_at(run.global_step)
 elif args.shape == "accum":
     model_net = net()
     model, opt = run.setup(model_net, torch.optim.SGD(model_net.parameters(), lr=0.1))
@@ -116,6 +132,7 @@ else:
     loader = run.loader(data, batch_size=8, num_workers=args.workers)
     aux = run.loader(data, batch_size=8, num_workers=args.workers)
     aux_batches = iter(aux)
+    signal_at(0)  # --signal-at 0: before the first batch
     for _ in run.epochs(2):
         for x, y in loader:
             run.backward(nn.functional.cross_entropy(a(x), y))

@@ -34,19 +34,28 @@ def differences(a: Any, b: Any, where: str = "") -> list[str]:
     return [] if a == b else [where]
 
 
-@pytest.mark.parametrize("shape", ["own", "two_loaders", "own_epochs"])
+@pytest.mark.parametrize(
+    "shape,at",
+    [
+        ("own", "5"),
+        ("own_accum", "3"),
+        ("two_loaders", "5"),
+        ("two_loaders", "0"),
+        ("own_epochs", "5"),
+    ],
+)
 def test_the_rerun_of_a_preempted_loop_matches_an_uninterrupted_one(
-    shape: str, tmp_path: Path
+    shape: str, at: str, tmp_path: Path
 ) -> None:
     code, out = run_shape(tmp_path / "reference", shape)
     assert code == 0, out[-3000:]
-    code, out = run_shape(tmp_path / "preempted", shape, "--signal-at", "5")
+    code, out = run_shape(tmp_path / "preempted", shape, "--signal-at", at)
     assert code == 75, out[-3000:]
     assert "preempted at step" in out
     step = int(out.split("preempted at step ")[1].split(":")[0])
     if shape == "own_epochs":  # its own batches: only the epoch's end (6 steps) is safe
         assert step == 6, out[-3000:]
-    code, out = run_shape(tmp_path / "preempted", shape, "--signal-at", "5")  # the same command
+    code, out = run_shape(tmp_path / "preempted", shape, "--signal-at", at)  # the same command
     assert code == 0, out[-3000:]
     assert "was preempted: resuming it" in out
     final = [torch.load(tmp_path / d / "final.pt") for d in ("reference", "preempted")]

@@ -52,6 +52,14 @@ def _flat_optimizer(keys: Collection[str], optim_stem: str) -> bool:
     return not any(grouped.fullmatch(key) for key in keys)
 
 
+def _state_keys(optim_sd: dict[str, Any]) -> int:
+    """How many per-parameter state entries an optimizer state holds (nested or flat)."""
+    nested = optim_sd.get("state")
+    if isinstance(nested, dict):
+        return sum(len(v) for v in nested.values() if isinstance(v, dict))
+    return sum(1 for k in optim_sd if k.startswith("state."))
+
+
 def _saved_state_only(
     optim_sd: dict[str, Any], keys: Collection[str], optim_stem: str, *, flat: bool
 ) -> dict[str, Any]:
@@ -253,8 +261,10 @@ def load_unit(
         flat = _flat_optimizer(keys, optim_stem)
         model_sd, optim_sd = st.collect(target, optimizers, full=False, flat=flat, create=True)
         state: dict[str, Any] = {model_stem: model_sd}
+        partial_state = False
         if optim_sd:
             state[optim_stem] = _saved_state_only(optim_sd, keys, optim_stem, flat=flat)
+            partial_state = _state_keys(state[optim_stem]) != _state_keys(optim_sd)
         records = {
             name[len("dcp/") :]: record
             for name, record in staged.manifest.files.items()
@@ -268,7 +278,15 @@ def load_unit(
         except CheckpointException as err:
             raise _dcp_failure(folder, err) from None
         optim_state = state.get(optim_stem, {})
-        st.apply(target, optimizers, state[model_stem], optim_state, full=False, flat=flat)
+        st.apply(
+            target,
+            optimizers,
+            state[model_stem],
+            optim_state,
+            full=False,
+            flat=flat,
+            strict_optimizer=not partial_state,
+        )
         return
     model_file = f"{model_stem}.safetensors"
     record = staged.manifest.files.get(model_file)

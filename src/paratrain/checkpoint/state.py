@@ -94,9 +94,12 @@ def apply(
     *,
     full: bool,
     flat: bool = False,
+    strict_optimizer: bool = True,
 ) -> None:
     """Load states produced by :func:`collect` (at any world size or strategy); a model state
-    of None leaves the model as it is (loaded already, see :func:`apply_part`)."""
+    of None leaves the model as it is (loaded already, see :func:`apply_part`).
+    ``strict_optimizer=False``: parameters without saved optimizer state (never stepped: no
+    gradient yet, or an optimizer saved before its first step) resume without state."""
     # Full optimizer states are distributed to the ranks' devices tensor by tensor; torch cannot
     # tell the device of a state without tensors (plain SGD). Such a state is the same on every
     # rank, so it loads as it is.
@@ -114,7 +117,9 @@ def apply(
                     optimizers,
                     optim_sd,
                     options=StateDictOptions(
-                        full_state_dict=full_optim, strict=True, flatten_optimizer_state_dict=flat
+                        full_state_dict=full_optim,
+                        strict=strict_optimizer,
+                        flatten_optimizer_state_dict=flat,
                     ),
                 )
     except (RuntimeError, KeyError, ValueError) as err:

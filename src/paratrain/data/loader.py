@@ -184,7 +184,8 @@ class DeviceLoader(Generic[T]):
         self._restored: Position | None = None
         self._read_again = False
         """The restored pass was read before any step (data read once): the resumed script
-        reads it again, from its start, without a second draw of the pass's seed."""
+        reads it again, from its start, without a second draw of the pass's seed (which a pass
+        continued after a resume skips too)."""
         self._pass_first_step = 0
         self._pass_steps = 0  # steps taken while the last pass was being iterated
         self._warned_second_pass = False
@@ -348,6 +349,8 @@ class DeviceLoader(Generic[T]):
         epoch, start = self._next_pass()
         restored, self._restored = self._restored, None
         again, self._read_again = self._read_again and restored is not None, False
+        if restored is not None and restored.running and not restored.finished:
+            again = True  # saved inside this pass (even before its first batch): drawn before
         if restored is None and not going_on and self.position.epoch >= self.hooks.current_epoch():
             self._warn_second_pass(epoch, abandoned=not self.position.finished)
         if self.stream is not None:

@@ -41,12 +41,17 @@ from paratrain.strategies import Strategy
 
 _SAFE_ENTRIES = frozenset({"accumulate", "backward", "save", "epochs", "progress"})
 """Loop entries that may be a safe point (not ``step``: its gradients are not applied yet)."""
+_REWOUND = frozenset({"accumulate", "backward"})
+"""Entries where the next iteration has begun: random numbers drawn since the round's end (a
+batch drawn just before ``with run.accumulate``) are drawn again by the rerun, so they are put
+back; at ``backward`` the models' buffers too (the forward ran)."""
 
 
 @dataclass(frozen=True)
 class _Rewind:
     """The random generators and model buffers at a round's end, put back before a save taken
-    at the next ``run.backward`` (the forward in between drew numbers and updated buffers)."""
+    at the next ``run.accumulate`` (random numbers only) or ``run.backward`` (the forward in
+    between drew numbers and updated buffers)."""
 
     rng: dict[str, Any]
     buffers: list[tuple[torch.Tensor, torch.Tensor]]
@@ -56,11 +61,12 @@ class _Rewind:
         buffers = [(b, b.detach().clone()) for u in tracked.units for b in u.module.buffers()]
         return _Rewind(capture_rng(), buffers)
 
-    def apply(self) -> None:
+    def apply(self, *, buffers: bool) -> None:
         restore_rng(self.rng)
-        with torch.no_grad():
-            for live, saved in self.buffers:
-                live.copy_(saved)
+        if buffers:
+            with torch.no_grad():
+                for live, saved in self.buffers:
+                    live.copy_(saved)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -150,10 +156,11 @@ class LoopHooks:
 
     def _entry_safe_point(self, entry: str) -> None:
         """The first loop entry after a complete round when no training batch was fetched since
-        (a loop whose batches no loader hands out): ``accumulate`` (before the forward),
-        ``save``, ``epochs``/``progress``; or
-        ``backward``, after the forward, whose random draws and buffer updates (BatchNorm) are
-        rewound to the round's end before the save, so that the rerun makes them again."""
+        (a loop whose batches no loader hands out): ``save``, ``epochs``/``progress``; or
+        ``accumulate``/``backward``, where the next iteration has begun: the random numbers
+        drawn since the round's end (and at ``backward`` the buffer updates of the forward,
+        BatchNorm's) are put back as they were before the save, so that the rerun makes them
+        again. (Random numbers drawn in post-step code are taken as the next iteration's.)"""
         if entry not in _SAFE_ENTRIES or not self._round_done:
             return
         if self._own_batches_mid_epoch():  # no safe point before the epoch's end
@@ -161,10 +168,10 @@ class LoopHooks:
             return
         self._round_done = False
         rewind, self._rewind = self._rewind, None
-        if entry != "backward":
+        if entry not in _REWOUND:  # save, epochs, progress: the state as it is now
             self._stop_if_agreed(rewind=None)
         elif rewind is not None or not self._is_alone():
-            self._stop_if_agreed(rewind=rewind)
+            self._stop_if_agreed(rewind=rewind, buffers=entry == "backward")
         # alone, the signal came after the round's end: the next round's end captures it
 
     def _own_batches_mid_epoch(self) -> bool:
@@ -190,7 +197,9 @@ class LoopHooks:
             alone = self._alone = self.run.world_size == 1 or not dist.is_initialized()
         return alone
 
-    def _stop_if_agreed(self, rewind: _Rewind | None, *, act: bool = True) -> None:
+    def _stop_if_agreed(
+        self, rewind: _Rewind | None, *, act: bool = True, buffers: bool = False
+    ) -> None:
         """Save and exit when the ranks agreed to stop at this step (``act=False``: only take
         part in the agreement, at a point that is no safe point)."""
         run = self.run
@@ -211,7 +220,7 @@ class LoopHooks:
         if not (agreed and act):
             return
         if rewind is not None:
-            rewind.apply()
+            rewind.apply(buffers=buffers)
         self._save_and_exit(step)
 
     def _preempt_key(self) -> str:
@@ -238,10 +247,15 @@ class LoopHooks:
         started = time.perf_counter()
         received = preemption.received
         folder = run.checkpoints.save_preempted(received[0].name if received else None)
+        again = (
+            "run the same command again to resume"
+            if run.checkpoints.previous_run != "fresh"
+            else "run the command again without --fresh (previous_run='fresh') to resume: with "
+            "it, the run would set this checkpoint aside and start over"
+        )
         run.console.print(
             f"paratrain: preempted at step {step}: saved {folder} in "
-            f"{time.perf_counter() - started:.1f} s; exiting with {PREEMPTED_EXIT} (run the "
-            "same command again to resume)"
+            f"{time.perf_counter() - started:.1f} s; exiting with {PREEMPTED_EXIT} ({again})"
         )
         raise SystemExit(PREEMPTED_EXIT)
 
@@ -283,8 +297,18 @@ class LoopHooks:
                 self._entry_safe_point("save" if saving else entry)
             self.progress()
             return
-        self.resume_if_restarted(saving=saving)
         checkpoints = self.run.checkpoints
+        before = checkpoints.resumed_from
+        self.resume_if_restarted(saving=saving)
+        if entry in ("backward", "step") and checkpoints.resumed_from not in (None, before):
+            raise ConfigError(
+                f"this run resumed from {checkpoints.resumed_from} by itself at run.{entry}(), "
+                "after the forward had run on the weights it had before: the loss is not the "
+                "resumed model's, and training on would be silently wrong. Resume before the "
+                "first forward: call run.resume() right after run.setup(...), or read "
+                "run.global_step (`while run.global_step < N:`) or enter `with "
+                "run.accumulate(model):` before the forward."
+            )
         profiler = self.run.profiler()
         if profiler is not None and not profiler.running and not profiler.done:
             profiler.start(self.run.loop.global_step)

@@ -368,6 +368,7 @@ class Run(RunBase):
                 "nothing else can be added afterwards: put the weighting or the extra term into "
                 "loss_fn, and pass run.backward the loss model(x, target=y) returned."
             )
+        self._stepper.generation += 1  # new gradients: siblings prepare them again
         if self.loop.grad_accum > 1:
             loss = loss / self.loop.grad_accum
         loss = self.precision.scale(loss)

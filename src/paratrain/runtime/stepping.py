@@ -79,7 +79,11 @@ class Stepper:
         self.precision, self.strategy, self.max_grad_norm = precision, strategy, max_grad_norm
         self.last_grad_norm: float | None = None
         """Gradient norm before clipping at the last step (when ``max_grad_norm`` is set)."""
-        self._prepared: set[int] = set()
+        self._prepared: dict[int, int] = {}
+        """Optimizers prepared by a sibling, with the gradients' generation they were
+        prepared for."""
+        self.generation = 0
+        """Counts ``run.backward`` calls: a preparation holds only for the gradients it saw."""
         self._order: dict[tuple[int, ...], list[torch.Tensor]] = {}
 
     def apply(self, optimizer: Optimizer, unit: Unit, *, correction: float) -> bool:
@@ -92,13 +96,11 @@ class Stepper:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             return True
-        if id(optimizer) in self._prepared:
-            self._prepared.discard(id(optimizer))
-        else:
+        if self._prepared.pop(id(optimizer), None) != self.generation:
             others = [o for o in siblings if o is not optimizer]
             self._prepare([optimizer, *others], unit, correction)
-            self._prepared -= {id(o) for o in siblings}
-            self._prepared |= {id(o) for o in others}
+            for other in others:  # they step on these gradients without preparing again
+                self._prepared[id(other)] = self.generation
         stepped = self.precision.step(optimizer)
         optimizer.zero_grad(set_to_none=True)
         return stepped
@@ -114,16 +116,20 @@ class Stepper:
                 self.last_grad_norm = self.strategy.clip_grad_norm(params, self.max_grad_norm)
 
     def _in_model_order(self, optimizers: list[Optimizer], unit: Unit) -> list[torch.Tensor]:
-        """The optimizers' parameters in the order ``model.parameters()`` gives them, as the
+        """The model's parameters in the order ``model.parameters()`` gives them, as the
         script's own ``clip_grad_norm_(model.parameters(), ...)`` sums the norm (the order of
-        the optimizers' groups, decay and no-decay say, would round differently). Parameters
-        an optimizer holds outside the model come last, in the optimizers' order."""
-        key = (id(unit.module), *(id(o) for o in optimizers))
+        the optimizers' groups, decay and no-decay say, would round differently), including
+        parameters no optimizer holds (a frozen backbone that still gets gradients).
+        Parameters an optimizer holds outside the model come last, in the optimizers' order.
+        Made again when a group is added (``add_param_group``)."""
+        key = (id(unit.module), *(x for o in optimizers for x in (id(o), len(o.param_groups))))
         cached = self._order.get(key)
         if cached is None:
             held = {id(p): p for o in optimizers for g in o.param_groups for p in g["params"]}
-            ordered = [p for p in unit.module.parameters() if held.pop(id(p), None) is not None]
-            cached = self._order[key] = ordered + list(held.values())
+            model = list(unit.module.parameters())
+            for p in model:
+                held.pop(id(p), None)
+            cached = self._order[key] = model + list(held.values())
         return cached
 
 
