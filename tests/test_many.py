@@ -357,12 +357,14 @@ def test_iterable_dataset_on_several_ranks_is_split_with_a_note() -> None:
     assert [b.view(-1).tolist() for b in loader] == [[0.0, 2.0], [4.0, 6.0]]  # rank 0's share
 
 
-def test_range_epochs_reshuffle_and_warn(capsys: pytest.CaptureFixture[str]) -> None:
+def test_range_epochs_reshuffle_and_say_so(capsys: pytest.CaptureFixture[str]) -> None:
     with pt.Run(strategy="cpu", progress=False) as run:
         loader = run.loader(dataset(32), batch_size=32)
         orders = [torch.cat([x for x, _ in loader])[:, 0].tolist() for _ in range(3)]
     assert orders[0] != orders[1] != orders[2]
-    assert "Loop with `for epoch in run.epochs(N):`" in capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert out.count("started a new pass") == 1  # once
+    assert "use `for epoch in run.epochs(N):`" in out
 
 
 def test_small_api_gaps() -> None:
