@@ -1,0 +1,38 @@
+"""Not restart-safe (copy of safe_auto_resume.py): the running loss sum is read from ``run.extras``
+at the top of every epoch. ``run.extras`` holds the extras of the checkpoint the run resumed
+from (``{}`` in a fresh run), not those of its last save.
+
+An uninterrupted run starts every epoch's sum from 0 and saves the last epoch's sum only; a
+resumed run starts each epoch from the sum of the checkpoint it resumed from. Expected first
+difference: the extras (``rank 0/extras/loss_sum``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+import paratrain as pt
+
+
+def main() -> None:
+    g = torch.Generator().manual_seed(0)
+    train = TensorDataset(torch.randn(48, 6, generator=g), torch.randint(0, 3, (48,), generator=g))
+    with pt.Run(progress=False, timeout_s=30) as run:
+        net = nn.Sequential(nn.Linear(6, 16), nn.GELU(), nn.Linear(16, 3))
+        model, optimizer = run.setup(net, torch.optim.AdamW(net.parameters(), lr=1e-2))
+        loader = run.loader(train, batch_size=4)
+        for epoch in run.epochs(3):
+            loss_sum = run.extras.get("loss_sum", 0.0)
+            for x, y in loader:
+                loss = nn.functional.cross_entropy(model(x), y)
+                run.backward(loss)
+                run.step(optimizer)
+                loss_sum += loss.item()
+            run.print(f"epoch {epoch}: loss sum {loss_sum:.4f}")
+            run.save(extras={"loss_sum": loss_sum})
+
+
+if __name__ == "__main__":
+    main()

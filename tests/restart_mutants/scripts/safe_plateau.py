@@ -1,0 +1,48 @@
+"""``ReduceLROnPlateau`` registered with ``run.setup(scheduler=)`` and stepped by hand with the
+validation loss after every epoch (before the save); the patience counter and best value are
+the scheduler's state, in every checkpoint.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+import paratrain as pt
+
+
+def main() -> None:
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(6, 3, generator=g)
+    x_train, x_val = torch.randn(24, 6, generator=g), torch.randn(24, 6, generator=g)
+    y_train = (x_train @ w + 1.5 * torch.randn(24, 3, generator=g)).argmax(1)
+    y_val = (x_val @ w + 1.5 * torch.randn(24, 3, generator=g)).argmax(1)
+    run = pt.Run(progress=False, timeout_s=30)
+    net = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 3))
+    optimizer = torch.optim.Adam(net.parameters(), lr=2e-2)
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=0.5, patience=1)
+    model, optimizer = run.setup(net, optimizer, scheduler=plateau)
+    loader = run.loader(TensorDataset(x_train, y_train), batch_size=4)
+    evaluation = run.eval_loader(TensorDataset(x_val, y_val), batch_size=8)
+    run.resume()
+    for epoch in run.epochs(6):
+        model.train()
+        for x, y in loader:
+            run.backward(nn.functional.cross_entropy(model(x), y))
+            run.step(optimizer)
+        model.eval()
+        with torch.no_grad():
+            total = sum(
+                float(nn.functional.cross_entropy(model(x), y, reduction="sum"))
+                for x, y in evaluation
+            )
+        val = run.reduce(total, "sum") / len(y_val)
+        plateau.step(val)
+        run.print(f"epoch {epoch}: val {val:.4f} lr {optimizer.param_groups[0]['lr']:.4g}")
+        run.save()
+    run.close()
+
+
+if __name__ == "__main__":
+    main()
