@@ -224,6 +224,8 @@ def markdown(results: list[Result], *, kills: int, wall_s: float) -> str:
     lines = [
         f"# paratrain verify-resume: restart-safe scripts and planted mutants (--kills {kills})",
         "",
+        _versions(),
+        "",
         "| script | kind | ranks | verdict | kills differing | first difference | seconds |",
         "|---|---|---|---|---|---|---|",
     ]
@@ -250,6 +252,34 @@ def markdown(results: list[Result], *, kills: int, wall_s: float) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _versions() -> str:
+    """paratrain's version and commit, torch's version, the CPU cores."""
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    probe = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import paratrain, torch; print(paratrain.__version__, torch.__version__)",
+        ],
+        capture_output=True,
+        text=True,
+        env=environment(),
+        timeout=120,
+    ).stdout.split()
+    paratrain, torch = probe if len(probe) == 2 else ("?", "?")
+    at = f" (commit {commit})" if commit else ""
+    cores = os.cpu_count()
+    return f"paratrain {paratrain}{at}, torch {torch}, {cores} CPU cores, CPU ranks over gloo."
 
 
 def _names(results: list[Result]) -> str:

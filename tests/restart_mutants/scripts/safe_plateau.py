@@ -21,7 +21,9 @@ def main() -> None:
     run = pt.Run(progress=False, timeout_s=30)
     net = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 3))
     optimizer = torch.optim.Adam(net.parameters(), lr=2e-2)
-    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=0.5, patience=1)
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(
+        optimizer, factor=0.5, patience=1, threshold=0.05, threshold_mode="abs"
+    )
     model, optimizer = run.setup(net, optimizer, scheduler=plateau)
     loader = run.loader(TensorDataset(x_train, y_train), batch_size=4)
     evaluation = run.eval_loader(TensorDataset(x_val, y_val), batch_size=8)
