@@ -306,4 +306,12 @@ def load_unit(
     elif loader is not None:
         assert record is not None
         _load_model_in_windows(folder / model_file, record, loader)
-    st.apply(target, optimizers, whole_model, optim_sd, full=True)
+    grouped = {n for group in optim_sd.get("param_groups", []) for n in group.get("params", [])}
+    st.apply(
+        target,
+        optimizers,
+        whole_model,
+        optim_sd,
+        full=True,
+        strict_optimizer=grouped <= set(optim_sd.get("state", {})),  # else: some never stepped
+    )

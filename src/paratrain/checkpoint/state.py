@@ -111,7 +111,11 @@ def apply(
         if optimizers and optim_sd:
             if full and _load_optimizers_by_name(target, optimizers, optim_sd):
                 return
-            with no_state_created(optimizers):
+            # torch distributes a full state onto tensors it lays out by creating the target's
+            # state first (a step on zero gradients); what the checkpoint did not hold is
+            # dropped again afterwards, so a parameter saved without state resumes without.
+            creating = full_optim and not flat
+            with contextlib.nullcontext() if creating else no_state_created(optimizers):
                 set_optimizer_state_dict(
                     target,
                     optimizers,
@@ -122,6 +126,8 @@ def apply(
                         flatten_optimizer_state_dict=flat,
                     ),
                 )
+            if creating:
+                _drop_unsaved_state(target, optimizers, optim_sd.get("state", {}))
     except (RuntimeError, KeyError, ValueError) as err:
         raise CheckpointError(
             f"The checkpoint does not fit this model/optimizer: {str(err).strip(' .')}. Resume "
@@ -382,6 +388,22 @@ def _shard_like(param: torch.Tensor, entries: dict[str, Any]) -> dict[str, Any]:
         else value
         for key, value in entries.items()
     }
+
+
+def _drop_unsaved_state(
+    target: nn.Module, optimizers: list[Optimizer], saved_state: dict[str, Any]
+) -> None:
+    """Remove the state torch created for parameters the checkpoint holds no state for."""
+    names: dict[int, set[str]] = {}
+    for name, param in target.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), set()).add(name)  # a tied parameter has several
+    if not any(n in saved_state for group in names.values() for n in group):
+        return  # names not comparable (wrapper prefixes): leave torch's result as it is
+    for optimizer in optimizers:
+        for held in list(optimizer.state):
+            own = names.get(id(held))
+            if own is not None and own.isdisjoint(saved_state):
+                del optimizer.state[held]
 
 
 def _has_tensors(tree: Any) -> bool:
