@@ -29,15 +29,15 @@ parser.add_argument("--no-signals", action="store_true")
 args = parser.parse_args()
 
 if args.slow_save:  # a save on preemption that cannot finish within the grace period
-    from paratrain.runtime.checkpoints import RunCheckpoints
+    from paratrain.runtime.checkpointer import Checkpointer
 
-    quick = RunCheckpoints.save_preempted
+    quick = Checkpointer.save_preempted
 
     def slow(self, signal_name):
         time.sleep(args.slow_save)
         return quick(self, signal_name)
 
-    RunCheckpoints.save_preempted = slow
+    Checkpointer.save_preempted = slow
 
 signals = None if args.no_signals else ("SIGTERM", "SIGUSR1", "SIGUSR2")
 run = pt.Run(

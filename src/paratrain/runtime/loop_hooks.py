@@ -25,11 +25,10 @@ import torch.distributed as dist
 from paratrain.config import RunConfig
 from paratrain.data.loader import DeviceLoader
 from paratrain.distributed.watchdog import Watchdog
-from paratrain.errors import CheckpointError, ConfigError
+from paratrain.errors import ConfigError
 from paratrain.profiling.step_profiler import StepProfiler
-from paratrain.runtime import save_restore as checkpoints
 from paratrain.runtime.accumulation import Windows
-from paratrain.runtime.checkpoints import RunCheckpoints
+from paratrain.runtime.checkpointer import Checkpointer
 from paratrain.runtime.console import Console
 from paratrain.runtime.loop_state import LoopState
 from paratrain.runtime.preemption import PREEMPTED_EXIT, Preemption
@@ -79,7 +78,7 @@ class LoopParts:
     tracked: Registry
     loop: LoopState
     windows: Windows
-    checkpoints: RunCheckpoints
+    checkpoints: Checkpointer
     world_size: int
     data_rank: int
     data_size: int
@@ -87,8 +86,6 @@ class LoopParts:
     """The hang watchdog, once started (None: not started, or off)."""
     profiler: Callable[[], StepProfiler | None]
     """The current profiling window (``run.profile`` replaces it)."""
-    print_notes: Callable[[], None]
-    """Print the notes the strategy gathered (once each)."""
     set_grad_accum: Callable[[int], None]
     """Change the micro-batches per step (``run.set_grad_accum``)."""
     preemption: Preemption | None
@@ -118,6 +115,7 @@ class LoopHooks:
         preemption signals only)."""
         self._rewind: _Rewind | None = None
         """What to put back before a save at ``run.backward`` (captured once a stop is due)."""
+        parts.checkpoints.on_resume(self._resumed)
         LoopHooks._runs_made += 1
         self._run_number = LoopHooks._runs_made
         """Which Run of this process this is: every rank makes its Runs in the same order, so
@@ -299,7 +297,7 @@ class LoopHooks:
             return
         checkpoints = self.run.checkpoints
         before = checkpoints.resumed_from
-        self.resume_if_restarted(saving=saving)
+        checkpoints.resume_if_due(saving=saving)
         if entry in ("backward", "step") and checkpoints.resumed_from not in (None, before):
             raise ConfigError(
                 f"this run resumed from {checkpoints.resumed_from} by itself at run.{entry}(), "
@@ -321,43 +319,11 @@ class LoopHooks:
             self._entry_safe_point("save" if saving else entry)
         self.progress()
 
-    def resume_if_restarted(self, *, saving: bool = False) -> None:
-        """As soon as a model is set up, whatever the loop's shape (collective, once): after a
-        torchrun restart, resume from the newest valid checkpoint; in a run that did not
-        resume, refuse another run's checkpoints (``previous_run``), or resume the newest when
-        it was saved on preemption. The global batch is kept: an elastic job restarted on fewer
-        (or more) nodes changes grad_accum instead."""
-        checkpoints = self.run.checkpoints
-        if not self.run.tracked.units:
-            return
-        if checkpoints.auto_resume:
-            self.resume(keep_global_batch=True)
-        if checkpoints.previous_run_pending():
-            if saving:  # a save on some ranks only: its own error, not a hang in the check
-                checkpoints.store.check_every_rank_called()
-            if checkpoints.check_previous_run():  # the newest was saved on preemption
-                try:
-                    self.resume(keep_global_batch=True)
-                except CheckpointError as err:
-                    raise CheckpointError(
-                        f"{err} (It was resumed by itself because it was saved when a run in "
-                        "this ckpt_dir was preempted. If this is another run, start it with "
-                        "`paratrain run --fresh` (Run(previous_run='fresh')), which moves the "
-                        "old checkpoints aside.)"
-                    ) from None
-
-    def resume(self, *, keep_global_batch: bool) -> dict[str, Any] | None:
-        """Restore the newest valid checkpoint into the registered pieces."""
-        run = self.run
-        resumed = run.checkpoints.resume(keep_global_batch=keep_global_batch)
-        self.rank_streams = True  # generators come from the checkpoint (or stay as they are)
+    def _resumed(self) -> None:
+        """After a resume: generators come from the checkpoint (or stay as they are), and the
+        loaders' positions are the checkpoint's, not the passes seen so far."""
+        self.rank_streams = True
         self._in_pass.clear()
-        run.print_notes()
-        if resumed is None:
-            return None
-        if resumed.grad_accum != run.loop.grad_accum:
-            run.set_grad_accum(resumed.grad_accum)
-        return resumed.extras
 
     def start_rank_streams(self) -> None:
         """After the first setup: each rank draws its own random numbers from now on."""
@@ -383,20 +349,7 @@ class LoopHooks:
                     "global batch that it divides, or another per-rank batch."
                 )
             run.set_grad_accum(accum)
-        if run.checkpoints.saved_global_batch is not None:  # resumed before the loader existed
-            saved, keep = run.checkpoints.saved_global_batch
-            run.checkpoints.saved_global_batch = None
-            accum = checkpoints.keep_or_report_global_batch(
-                saved,
-                per_rank=batch_size,
-                world=world,
-                accum=run.loop.grad_accum,
-                keep=keep,
-                say=run.console.print,
-                warn=run.console.warn,
-            )
-            if accum != run.loop.grad_accum:
-                run.set_grad_accum(accum)
+        run.checkpoints.settle_global_batch(batch_size)  # of a resume before this loader
         accum = run.loop.grad_accum
         run.console.print(
             f"paratrain: global batch {batch_size * world * accum} = per-rank batch "

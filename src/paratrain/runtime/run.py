@@ -41,7 +41,7 @@ from paratrain.data.build import make_loader
 from paratrain.errors import ConfigError
 from paratrain.profiling.step_profiler import Profile, StepProfiler, as_profile, check_no_window
 from paratrain.runtime.accumulation import Windows
-from paratrain.runtime.checkpoints import RunCheckpoints, RunParts
+from paratrain.runtime.checkpointer import Checkpointer, RunParts
 from paratrain.runtime.loop_hooks import LoopHooks, LoopParts
 from paratrain.runtime.loop_state import LoopState
 from paratrain.runtime.model_setup import (
@@ -90,7 +90,7 @@ class Run(RunBase):
         self.tracked.add_object(self.console.trackers, TRACKER_STATE, replicated=True)
         self._stepper = Stepper(self.precision, self.strategy, self.config.max_grad_norm)
         self._windows = Windows(self.config.grad_accum)
-        self._checkpoints = RunCheckpoints(
+        self._checkpoints = Checkpointer(
             RunParts(
                 config=self.config,
                 layout=self.layout,
@@ -103,6 +103,8 @@ class Run(RunBase):
                 loop=self.loop,
                 precision=self.precision,
                 windows=self._windows,
+                set_grad_accum=self.set_grad_accum,
+                print_notes=self._print_notes,
             )
         )
         self.console.trackers.set_job(
@@ -134,7 +136,6 @@ class Run(RunBase):
                 data_size=self.data_size,
                 watchdog=lambda: self._watchdog,
                 profiler=lambda: self._profiler,
-                print_notes=self._print_notes,
                 set_grad_accum=self.set_grad_accum,
                 preemption=self._preemption,
             )
@@ -174,7 +175,7 @@ class Run(RunBase):
     def extras(self) -> dict[str, Any]:
         """The extras of the checkpoint this run resumed from (``{}`` for a fresh run), however
         the resume happened (``run.resume()`` or on its own after a restart)."""
-        self._hooks.resume_if_restarted()
+        self._checkpoints.resume_if_due()
         return self._checkpoints.extras
 
     @property
@@ -194,7 +195,7 @@ class Run(RunBase):
     @property
     def epoch(self) -> int:
         """Current epoch (0-based), advanced by :meth:`epochs`; restored by a resume."""
-        self._hooks.resume_if_restarted()
+        self._checkpoints.resume_if_due()
         return self.loop.epoch
 
     @epoch.setter
@@ -204,7 +205,7 @@ class Run(RunBase):
     @property
     def global_step(self) -> int:
         """Optimizer steps so far (several optimizers stepping in one round count once)."""
-        self._hooks.resume_if_restarted()
+        self._checkpoints.resume_if_due()
         return self.loop.global_step
 
     @global_step.setter
@@ -499,7 +500,7 @@ class Run(RunBase):
         that lost or gained a node) and reports it otherwise."""
         self._register(model, optimizer, scheduler)
         keep = self.restart_count > 0 if keep_global_batch is None else keep_global_batch
-        return self._hooks.resume(keep_global_batch=keep)
+        return self._checkpoints.resume(keep_global_batch=keep)
 
     def latest_checkpoint(self) -> CheckpointInfo | None:
         """The newest valid checkpoint's step, epoch, manifest and extras, readable before

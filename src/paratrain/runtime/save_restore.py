@@ -93,8 +93,6 @@ class Resumed:
     folder: Path
     manifest: Manifest
     extras: dict[str, Any]
-    grad_accum: int
-    """grad_accum to use from now on (changed only with ``keep_global_batch``)."""
 
 
 def save(
@@ -175,11 +173,12 @@ def resume(
     store: CheckpointStore,
     identity: Identity,
     *,
-    keep_global_batch: bool,
     say: Any,
     warn: Any,
 ) -> Resumed | None:
-    """Restore the newest valid checkpoint, if any (collective)."""
+    """Restore the newest valid checkpoint, if any (collective). What follows from it (the
+    global batch rule, grad_accum) is the caller's: :class:`paratrain.runtime.checkpointer.
+    Checkpointer`."""
     if not pieces.tracked.units:
         raise ConfigError(
             "run.resume() needs the model: call run.setup(model, optimizer) first. To read a "
@@ -223,18 +222,6 @@ def resume(
             "from (seed, step, data rank)"
         )
     identity.lineage = manifest.lineage or manifest.run_id
-    loaders = [ld for ld in pieces.tracked.loaders if ld.train]
-    grad_accum = pieces.loop.grad_accum
-    if loaders:  # else checked when the first training loader is made
-        grad_accum = keep_or_report_global_batch(
-            manifest.global_batch,
-            per_rank=loaders[0].loader.batch_size or 1,
-            world=pieces.layout.data_size,
-            accum=grad_accum,
-            keep=keep_global_batch,
-            say=say,
-            warn=warn,
-        )
     origin = (
         "" if manifest.run_id in ("", identity.run_id) else f", written by run {manifest.run_id}"
     )
@@ -243,7 +230,7 @@ def resume(
         f"{pieces.loop.global_step}{origin}, saved {time.ctime(manifest.created)})"
     )
     extras = extras_of_rank(trainer, layout.rank if same_layout else None, warn)
-    return Resumed(folder, manifest, extras, grad_accum)
+    return Resumed(folder, manifest, extras)
 
 
 def _restore_units(
@@ -343,31 +330,6 @@ def _layout_words(world_size: int, mesh: dict[str, int] | None) -> str:
         return f"world size {world_size}"
     axes = " x ".join(f"{axis} {size}" for axis, size in mesh.items() if size > 1)
     return f"world size {world_size} ({axes or 'one rank'})"
-
-
-def keep_or_report_global_batch(
-    saved: int | None, *, per_rank: int, world: int, accum: int, keep: bool, say: Any, warn: Any
-) -> int:
-    """grad_accum to use: unchanged, or (``keep``) the one that keeps the saved global batch."""
-    now = per_rank * world * accum
-    if saved is None or now == saved:
-        return accum
-    if not keep:
-        warn(
-            f"global batch changed from {saved} (saved) to {now}; "
-            "pass keep_global_batch=True to run.resume to keep it via grad_accum"
-        )
-        return accum
-    new, rest = divmod(saved, per_rank * world)
-    if rest or new < 1:
-        raise CheckpointError(
-            f"Cannot keep the global batch {saved}: per-rank batch {per_rank} x world size "
-            f"{world} does not divide it. Choose a per-rank batch that does."
-        )
-    say(
-        f"paratrain: grad_accum set to {new} to keep the global batch {saved} at world size {world}"
-    )
-    return new
 
 
 @dataclass(frozen=True)

@@ -1,20 +1,26 @@
-"""The run's side of checkpoints: its store, its identity, saves, resumes and the restart log.
+"""The one owner of a run's checkpoints: when to save and resume, and everything a resume sets.
 
-    ckpts = RunCheckpoints(parts)      # made by Run
-    ckpts.save(extras={"best": 0.9})   # collective
-    ckpts.resume(keep_global_batch=False)   # called by LoopHooks.resume, the one path to it
+    ckpts = Checkpointer(parts)                # made by Run
+    ckpts.save(extras={"best": 0.9})           # collective
+    ckpts.resume(keep_global_batch=False)      # run.resume(): restores, then sets grad_accum
+    ckpts.resume_if_due()                      # at the loop's first action: after a restart, or
+                                               # when the newest checkpoint was preempted
 
-What a checkpoint holds and how it is written is :mod:`paratrain.runtime.save_restore`; this module
-decides *when* (explicitly, or on its own after a restart), refuses saves that would lose state,
-and records restarts in ``run_dir/restarts.jsonl``. Under ``paratrain verify-resume`` it also
-starts the event trace and kill point (:mod:`paratrain.faults`) and writes the final state at
-close or exit (:mod:`paratrain.runtime.final_state`).
+What a checkpoint holds and how it is written is :mod:`paratrain.runtime.save_restore` (the
+format, given the registry's pieces); everything else about a resume is decided here, once: the
+global batch rule (keep it by changing grad_accum, or report the change) is applied by
+:meth:`Checkpointer.settle_global_batch`, at the resume when a training loader exists, else at the
+first one. This module also refuses saves that would lose state, refuses another run's
+checkpoints (``previous_run``), and records restarts in ``run_dir/restarts.jsonl``. Under
+``paratrain verify-resume`` it starts the event trace and kill point (:mod:`paratrain.faults`) and
+writes the final state at close or exit (:mod:`paratrain.runtime.final_state`).
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +34,7 @@ from paratrain.checkpoint.store import CheckpointStore
 from paratrain.config import RunConfig
 from paratrain.distributed.environment import LaunchEnv, read_report
 from paratrain.distributed.job_id import job_id
-from paratrain.errors import ConfigError
+from paratrain.errors import CheckpointError, ConfigError
 from paratrain.run_dir import RunDir
 from paratrain.runtime import final_state
 from paratrain.runtime import save_restore as checkpoints
@@ -55,9 +61,13 @@ class RunParts:
     loop: LoopState
     precision: Precision
     windows: Windows
+    set_grad_accum: Callable[[int], None]
+    """Change the micro-batches per step (``run.set_grad_accum``)."""
+    print_notes: Callable[[], None]
+    """Print what the registry applied late (state that waited for its object)."""
 
 
-class RunCheckpoints:
+class Checkpointer:
     """Saves and resumes of one run."""
 
     def __init__(self, parts: RunParts) -> None:
@@ -72,8 +82,9 @@ class RunCheckpoints:
         self._resume_asked = False
         """Whether a resume ran (asked by the script or after a restart): the run continues
         whatever the folder holds, so :meth:`check_previous_run` has nothing to refuse."""
-        self.saved_global_batch: tuple[int | None, bool] | None = None
-        """(global batch, keep) of a resume that came before the first training loader."""
+        self._global_batch: tuple[int | None, bool] | None = None
+        """(saved global batch, keep it) of a resume, until :meth:`settle_global_batch`."""
+        self._on_resume: list[Callable[[], None]] = []
         self._restart_recorded = False
         self._store: CheckpointStore | None = None
         self.last_extras: dict[str, Any] = {}
@@ -155,8 +166,14 @@ class RunCheckpoints:
         faults.emit("saved")
         return folder
 
-    def resume(self, *, keep_global_batch: bool) -> checkpoints.Resumed | None:
-        """Restore the newest valid checkpoint into the registered pieces (collective)."""
+    def on_resume(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` after every resume (the loop hooks forget loader passes)."""
+        self._on_resume.append(listener)
+
+    def resume(self, *, keep_global_batch: bool) -> dict[str, Any] | None:
+        """Restore the newest valid checkpoint into every registered piece and set what follows
+        from it (grad_accum, the global batch rule, this run's lineage); return its extras, or
+        None when there is nothing to resume (collective)."""
         p = self.parts
         restarted = p.env.restart_count > 0
         if self.previous_run == "fresh" and not restarted and not self._resume_asked:
@@ -168,22 +185,77 @@ class RunCheckpoints:
         if p.rank == 0:
             checkpoints.clear_preempted(self.store)
         resumed = checkpoints.resume(
-            self._pieces(),
-            self.store,
-            self.identity,
-            keep_global_batch=keep_global_batch,
-            say=p.console.print,
-            warn=p.console.warn,
+            self._pieces(), self.store, self.identity, say=p.console.print, warn=p.console.warn
         )
         if resumed is not None:
             self.extras, self.resumed_from = resumed.extras, resumed.folder
             self.last_extras = resumed.extras
-            if not any(ld.train for ld in p.tracked.loaders):
-                self.saved_global_batch = (resumed.manifest.global_batch, keep_global_batch)
+            self._global_batch = (resumed.manifest.global_batch, keep_global_batch)
+            loaders = [ld for ld in p.tracked.loaders if ld.train]
+            if loaders:  # else at the first training loader
+                self.settle_global_batch(loaders[0].loader.batch_size or 1)
         if restarted and not self._restart_recorded:
             self._restart_recorded = True
             self._record_restart(resumed)
-        return resumed
+        for listener in self._on_resume:
+            listener()
+        p.print_notes()
+        return None if resumed is None else resumed.extras
+
+    def resume_if_due(self, *, saving: bool = False) -> None:
+        """As soon as a model is set up, whatever the loop's shape (collective, once): after a
+        torchrun restart, resume from the newest valid checkpoint; in a run that did not
+        resume, refuse another run's checkpoints (``previous_run``), or resume the newest when
+        it was saved on preemption. The global batch is kept: an elastic job restarted on fewer
+        (or more) nodes changes grad_accum instead."""
+        if not self.parts.tracked.units:
+            return
+        if self.auto_resume:
+            self.resume(keep_global_batch=True)
+        if self.previous_run_pending():
+            if saving:  # a save on some ranks only: its own error, not a hang in the check
+                self.store.check_every_rank_called()
+            if self.check_previous_run():  # the newest was saved on preemption
+                try:
+                    self.resume(keep_global_batch=True)
+                except CheckpointError as err:
+                    raise CheckpointError(
+                        f"{err} (It was resumed by itself because it was saved when a run in "
+                        "this ckpt_dir was preempted. If this is another run, start it with "
+                        "`paratrain run --fresh` (Run(previous_run='fresh')), which moves the "
+                        "old checkpoints aside.)"
+                    ) from None
+
+    def settle_global_batch(self, per_rank: int) -> None:
+        """The global batch rule of the last resume, applied once the per-rank batch is known:
+        when the data-parallel size changed the global batch, ``keep_global_batch`` changes
+        grad_accum to keep the saved one; otherwise the change is reported."""
+        if self._global_batch is None:
+            return
+        saved, keep = self._global_batch
+        self._global_batch = None
+        p = self.parts
+        world, accum = p.strategy.data_size, p.loop.grad_accum
+        now = per_rank * world * accum
+        if saved is None or now == saved:
+            return
+        if not keep:
+            p.console.warn(
+                f"global batch changed from {saved} (saved) to {now}; "
+                "pass keep_global_batch=True to run.resume to keep it via grad_accum"
+            )
+            return
+        new, rest = divmod(saved, per_rank * world)
+        if rest or new < 1:
+            raise CheckpointError(
+                f"Cannot keep the global batch {saved}: per-rank batch {per_rank} x world size "
+                f"{world} does not divide it. Choose a per-rank batch that does."
+            )
+        p.console.print(
+            f"paratrain: grad_accum set to {new} to keep the global batch {saved} at world size "
+            f"{world}"
+        )
+        p.set_grad_accum(new)
 
     def prepare_async_save(self) -> None:
         """With ``async_save``, on the main process: have the store allocate the host buffers
@@ -320,7 +392,7 @@ class RunCheckpoints:
             "checkpoint_dir": self.store.location,
             "world_size": p.world_size,
             "saved_world_size": resumed.manifest.world_size if resumed is not None else None,
-            "grad_accum": resumed.grad_accum if resumed is not None else p.loop.grad_accum,
+            "grad_accum": p.loop.grad_accum,
         }
         p.layout.restarts.parent.mkdir(parents=True, exist_ok=True)
         with p.layout.restarts.open("a", encoding="utf-8") as f:
