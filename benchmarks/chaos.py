@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from paratrain.run_dir import RunDir
+from paratrain.core.run_dir import RunDir
 
 SCRIPT = Path(__file__).with_name("chaos_train.py")
 STEPS = 36  # 3 epochs x 96 samples / (2 ranks x 4)

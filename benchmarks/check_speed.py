@@ -51,7 +51,7 @@ def median_run(argv: list[str], repeats: int = 7) -> float:
 
 
 def main() -> None:
-    from paratrain.check.engine import check_paths
+    from paratrain.commands.check.engine import check_paths
 
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "big.py"

@@ -370,7 +370,7 @@ def main() -> None:
 
 
 def _fsdp_table(mib: int, repeats: int, where: Path | None) -> None:
-    from paratrain.launcher.ranks import FileGroup, spawn_ranks
+    from paratrain.distributed.ranks import FileGroup, spawn_ranks
 
     with tempfile.TemporaryDirectory(dir=where) as tmp:
         rounds = spawn_ranks(

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 
-from paratrain.cli import COMMANDS
+from paratrain.commands.cli import COMMANDS
 
 TARGET_S = 0.3
 RUNS = 7

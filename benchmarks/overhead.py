@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from paratrain.cli import main
+from paratrain.commands.cli import main
 
 PRESET = [
     "bench",

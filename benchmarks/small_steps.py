@@ -18,7 +18,7 @@ import sys
 
 import torch
 
-from paratrain.cli import main
+from paratrain.commands.cli import main
 
 COMMON = ["bench", "--nproc", "1", "--data", "loader", "--epoch-batches", "45", "--threads", "1",
           "--compare", "accelerate,fabric", "--warmup", "50", "--rounds", "15",

@@ -4,7 +4,7 @@ import sys
 import pytest
 
 from paratrain import __version__
-from paratrain.cli import main
+from paratrain.commands.cli import main
 
 
 def _run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from paratrain.cli import build_parser, parse
+from paratrain.commands.cli import build_parser, parse
 
 # (command, flag, smallest allowed value) for each range-checked flag
 FLAGS = [

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from paratrain.cli import COMMANDS, _parsers, build_parser, plain
+from paratrain.commands.cli import COMMANDS, _parsers, build_parser, plain
 
 HELP_WITHOUT_TORCH = """
 import sys
-from paratrain.cli import main
+from paratrain.commands.cli import main
 try:
     main({argv!r})
 except SystemExit as end:

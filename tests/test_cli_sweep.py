@@ -21,7 +21,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from paratrain.cli import build_parser, main
+from paratrain.commands.cli import build_parser, main
 
 
 class Reached(Exception):
@@ -141,16 +141,16 @@ def _run(argv: list[str]) -> tuple[str, str]:
     """("reached" | "exit N", stderr) of ``paratrain ARGV`` in this process."""
     err = io.StringIO()
     patches = [
-        mock.patch("paratrain.launcher.command.supervise", _reach),
-        mock.patch("paratrain.demo.command.subprocess.run", _reach),
-        mock.patch("paratrain.bench.session.run_plan", _reach),
-        mock.patch("paratrain.verify.runner.launch", _reach),
-        mock.patch("paratrain.doctor.measure.measure_all", _reach),
+        mock.patch("paratrain.commands.run.command.supervise", _reach),
+        mock.patch("paratrain.commands.demo.command.subprocess.run", _reach),
+        mock.patch("paratrain.commands.bench.session.run_plan", _reach),
+        mock.patch("paratrain.commands.verify.runner.launch", _reach),
+        mock.patch("paratrain.commands.doctor.measure.measure_all", _reach),
         # serve: its command would replace this process and its servers would run until a
         # signal; as the image's user (not root), so that the checks before them are swept
-        mock.patch("paratrain.serve.command.os.execvp", _reach),
-        mock.patch("paratrain.serve.command._supervise", _reach),
-        mock.patch("paratrain.serve.command.os.geteuid", lambda: 1000),
+        mock.patch("paratrain.commands.serve.command.os.execvp", _reach),
+        mock.patch("paratrain.commands.serve.command._supervise", _reach),
+        mock.patch("paratrain.commands.serve.command.os.geteuid", lambda: 1000),
         mock.patch.dict("os.environ", {"HOME": str(Path.cwd())}),
     ]
     with contextlib.ExitStack() as stack:

@@ -31,7 +31,7 @@ pytest.importorskip(
 
 from mkdocs.config import load_config
 
-from paratrain.cli import COMMANDS, _parsers, build_parser
+from paratrain.commands.cli import COMMANDS, _parsers, build_parser
 from paratrain.config import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import paratrain as pt
-from paratrain.cli import main
+from paratrain.commands.cli import main
+from paratrain.core.paths import check_creatable, check_new, check_output_file, existing
 from paratrain.errors import CheckpointError, ConfigError
-from paratrain.paths import check_creatable, check_new, check_output_file, existing
 
 
 @pytest.mark.parametrize(

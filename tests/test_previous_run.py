@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import paratrain as pt
+from paratrain.commands.run.plan import RunOptions, make_plan
 from paratrain.errors import ConfigError
-from paratrain.launcher.plan import RunOptions, make_plan
 
 
 def _train(run_dir: Path, *, steps: int, resume: bool = False, **settings: object) -> pt.Run:

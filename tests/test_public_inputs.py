@@ -121,7 +121,7 @@ def test_launch_arguments(fn: Any, nproc: Any, args: Any, timeout_s: Any) -> Non
     def reached(*_: Any, **__: Any) -> Any:
         raise Reached
 
-    with mock.patch("paratrain.launcher.spawn.spawn_ranks", reached):
+    with mock.patch("paratrain.distributed.spawn.spawn_ranks", reached):
         try:
             pt.launch(fn, nproc, args, timeout_s=timeout_s)
         except ParatrainError as err:

@@ -32,14 +32,14 @@ RELEASE_TIMEOUT_S = 900
 
 
 def defined_version() -> str:
-    """The version as ``src/paratrain/version.py`` defines it, the one place it is written."""
+    """The version as ``src/paratrain/core/version.py`` defines it, the one place it is written."""
     tree = ast.parse((ROOT / "src" / "paratrain" / "version.py").read_text(encoding="utf-8"))
     for node in tree.body:
         if isinstance(node, ast.Assign) and [getattr(t, "id", "") for t in node.targets] == [
             "__version__"
         ]:
             return str(ast.literal_eval(node.value))
-    raise AssertionError("src/paratrain/version.py does not set __version__")
+    raise AssertionError("src/paratrain/core/version.py does not set __version__")
 
 
 def test_every_public_name_is_listed_and_resolves() -> None:

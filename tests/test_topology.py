@@ -81,7 +81,7 @@ def test_one_process_needs_no_local_variables() -> None:
 
 
 def test_slurm_port_is_one_formula_for_run_and_topology(tmp_path: Path) -> None:
-    from paratrain.launcher.plan import RunOptions, make_plan
+    from paratrain.commands.run.plan import RunOptions, make_plan
 
     env = {"SLURM_JOB_ID": "777123", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "gpu[1-2]"}
     script = tmp_path / "train.py"

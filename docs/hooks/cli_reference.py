@@ -3,7 +3,7 @@
 Registered under ``hooks:`` in mkdocs.yml. In ``reference/cli.md`` the line
 ``<!-- cli-reference -->`` is replaced by one section per subcommand (and per sub-subcommand,
 such as ``paratrain ckpt inspect``): its usage, its description and every argument with its
-help, choices and default, read from :func:`paratrain.cli.build_parser`. Nothing here lists a
+help, choices and default, read from :func:`paratrain.commands.cli.build_parser`. Nothing here lists a
 flag, so the page cannot drift from ``paratrain COMMAND --help``.
 """
 
@@ -38,7 +38,7 @@ def on_page_markdown(markdown: str, page: Any, **kwargs: Any) -> str:
     """Replace the marker on the CLI page with the reference made from the parsers."""
     if page.file.src_uri != PAGE or MARKER not in markdown:
         return markdown
-    from paratrain.cli import build_parser
+    from paratrain.commands.cli import build_parser
 
     return markdown.replace(MARKER, render(build_parser()))
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from paratrain.core.version import __version__
 from paratrain.errors import (
     CheckpointError,
     ConfigError,
@@ -23,14 +24,13 @@ from paratrain.errors import (
     ParatrainError,
     StorageError,
 )
-from paratrain.version import __version__
 
 if TYPE_CHECKING:
     from paratrain.checkpoint.loading import LoadReport, load_weights
     from paratrain.config import RunConfig
     from paratrain.data.loader import ExactOnceSampler, to_device
+    from paratrain.distributed.spawn import RankFailedError, launch
     from paratrain.distributed.topology import Topology
-    from paratrain.launcher.spawn import RankFailedError, launch
     from paratrain.plans import tp
     from paratrain.profiling.step_profiler import Profile
     from paratrain.runtime.run import Run
@@ -45,8 +45,8 @@ _LAZY = {
     "to_device": "paratrain.data.loader",
     "Run": "paratrain.runtime.run",
     "Profile": "paratrain.profiling.step_profiler",
-    "launch": "paratrain.launcher.spawn",
-    "RankFailedError": "paratrain.launcher.spawn",
+    "launch": "paratrain.distributed.spawn",
+    "RankFailedError": "paratrain.distributed.spawn",
     "Topology": "paratrain.distributed.topology",
     "gathered": "paratrain.strategies.fsdp_methods",
 }

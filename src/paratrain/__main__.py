@@ -2,6 +2,6 @@
 
 import sys
 
-from paratrain.cli import main
+from paratrain.commands.cli import main
 
 sys.exit(main())

@@ -23,8 +23,8 @@ from pathlib import Path
 from torch.nn import Module
 
 from paratrain.checkpoint.object_storage import check_url, is_url, looks_mangled
+from paratrain.core.paths import check_creatable
 from paratrain.errors import ConfigError
-from paratrain.paths import check_creatable
 from paratrain.plans.mesh import check_mesh_setting
 from paratrain.plans.module_policy import ModulePolicy
 from paratrain.plans.pipeline_stages import SplitSetting, check_split_setting

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from paratrain.bench.models import MODELS, build_spec
-from paratrain.bench.report import markdown_table
-from paratrain.bench.runner import make_plan
-from paratrain.cli import main
+from paratrain.commands.bench.models import MODELS, build_spec
+from paratrain.commands.bench.report import markdown_table
+from paratrain.commands.bench.runner import make_plan
+from paratrain.commands.cli import main
 from tests.support.distributed import run_distributed
 from tests.support.images import png_size
 
@@ -43,7 +43,7 @@ def test_tp_rows_need_layers_that_auto_can_split() -> None:
 
 
 def test_two_dimensional_rows_are_meshes_of_pairs() -> None:
-    from paratrain.bench.loops import Config
+    from paratrain.commands.bench.loops import Config
 
     assert Config("hsdp", "bf16", 4).run_settings() == {
         "strategy": "fsdp",
@@ -149,9 +149,9 @@ def test_bench_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_loader_data_and_profile_in_one_process(tmp_path: Path) -> None:
-    from paratrain.bench.loops import Config, Settings
-    from paratrain.bench.measure import measure_config
-    from paratrain.bench.profile import profile_one
+    from paratrain.commands.bench.loops import Config, Settings
+    from paratrain.commands.bench.measure import measure_config
+    from paratrain.commands.bench.profile import profile_one
 
     margs = {"name": "mlp", "width": 16, "depth": 1}
     settings = Settings(batch_size=4, steps=3, warmup=1, rounds=2, data="loader", budget_s=2)
@@ -189,8 +189,8 @@ def test_sizes_are_checked_before_any_rank_starts(
 
 
 def test_pairs_are_added_until_the_interval_is_tight_or_the_budget_is_spent() -> None:
-    from paratrain.bench.loops import Config, Settings
-    from paratrain.bench.measure import measure_config
+    from paratrain.commands.bench.loops import Config, Settings
+    from paratrain.commands.bench.measure import measure_config
 
     spec = build_spec(name="mlp", width=16, depth=1)
     loose = Settings(batch_size=4, steps=2, warmup=1, rounds=5, data="synthetic", spread=100.0)
@@ -206,7 +206,7 @@ def test_pairs_are_added_until_the_interval_is_tight_or_the_budget_is_spent() ->
 
 
 def test_the_median_interval_is_seeded_and_brackets_the_median() -> None:
-    from paratrain.bench.measure import median_interval
+    from paratrain.commands.bench.measure import median_interval
 
     ratios = [0.97, 1.0, 1.01, 0.99, 1.02, 1.0, 0.98, 1.03]
     low, high = median_interval(ratios)
@@ -248,9 +248,9 @@ def _distance_to_reference(nproc: int, steps: int) -> dict[str, float]:
     """Every loop's largest parameter difference to the reference after ``steps`` steps."""
     import contextlib
 
-    from paratrain.bench.loops import Config, Settings
-    from paratrain.bench.measure import paratrain_loop, reference_loop
-    from paratrain.bench.peers import PEERS, start_peers
+    from paratrain.commands.bench.loops import Config, Settings
+    from paratrain.commands.bench.measure import paratrain_loop, reference_loop
+    from paratrain.commands.bench.peers import PEERS, start_peers
 
     spec = build_spec("mlp", width=16, depth=1)
     settings = Settings(batch_size=4, steps=1, warmup=1, rounds=1, data="synthetic")
@@ -312,8 +312,8 @@ def test_a_missing_peer_package_is_named_before_any_rank_starts(
 
 
 def test_peers_say_which_configurations_they_cannot_run() -> None:
-    from paratrain.bench.loops import Config, Settings
-    from paratrain.bench.peers import PeerSkipped, accelerate_loop, fabric_loop
+    from paratrain.commands.bench.loops import Config, Settings
+    from paratrain.commands.bench.peers import PeerSkipped, accelerate_loop, fabric_loop
 
     spec = build_spec("mlp", width=16, depth=1)
     settings = Settings(batch_size=4, steps=1, warmup=1, rounds=1, data="synthetic")
@@ -360,14 +360,14 @@ def test_the_allocator_is_held_steady_for_measurements() -> None:
     """glibc here: the thresholds are fixed (the bench's ratios depend on it, see measure.py)."""
     import platform
 
-    from paratrain.bench.measure import steady_allocator
+    from paratrain.commands.bench.measure import steady_allocator
 
     assert steady_allocator() is (platform.libc_ver()[0] == "glibc")
 
 
 def test_blocks_shrink_to_fit_the_budget() -> None:
-    from paratrain.bench.loops import Settings
-    from paratrain.bench.measure import block_steps
+    from paratrain.commands.bench.loops import Settings
+    from paratrain.commands.bench.measure import block_steps
 
     settings = Settings(32, steps=20, warmup=10, rounds=8, data="synthetic", budget_s=60)
     assert block_steps(settings, elapsed_s=5.0, step_s=0.001, loops=2) == 20  # fits as asked
@@ -379,9 +379,9 @@ def test_blocks_shrink_to_fit_the_budget() -> None:
 def test_conv_models_run_channels_last_on_a_gpu_only_unless_asked() -> None:
     import torch
 
-    from paratrain.bench.loops import Settings
-    from paratrain.bench.measure import memory_format
-    from paratrain.bench.models import build_spec
+    from paratrain.commands.bench.loops import Settings
+    from paratrain.commands.bench.measure import memory_format
+    from paratrain.commands.bench.models import build_spec
 
     cnn = build_spec("cnn", width=8, depth=1, image_size=8)
     mlp = build_spec("mlp", width=8, depth=1)
@@ -395,7 +395,7 @@ def test_conv_models_run_channels_last_on_a_gpu_only_unless_asked() -> None:
 
 
 def test_a_dataset_too_large_for_memory_names_the_flag() -> None:
-    from paratrain.bench.models import build_spec, check_model
+    from paratrain.commands.bench.models import build_spec, check_model
     from paratrain.errors import ConfigError
 
     spec = build_spec("resnet", width=8, depth=50, image_size=224)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 import textwrap
 
-from paratrain.check.engine import check_source, rules_by_id
+from paratrain.commands.check.engine import check_source, rules_by_id
 
 
 def flagged(source: str, rule_id: str) -> list[int]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from paratrain.cli import main
+from paratrain.commands.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 BAD = "import torch\nscaler = torch.cuda.amp.GradScaler()\nx = torch.load('m.pt')\n"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from paratrain.check.engine import rules_by_id
+from paratrain.commands.check.engine import rules_by_id
 from tests.check.corpus.score import HERE, Score, score, table
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from paratrain.check.engine import check_paths
+from paratrain.commands.check.engine import check_paths
 from paratrain.errors import ConfigError
 
 BAD = "import torch\nscaler = torch.cuda.amp.GradScaler()\n"

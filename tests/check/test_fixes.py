@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from paratrain.cli import main
+from paratrain.commands.cli import main
 
 SCRIPT = """\ufeffimport torch
 import torch.distributed as dist

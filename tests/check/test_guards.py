@@ -160,7 +160,7 @@ def test_what_values_returns_is_the_callers_own_list() -> None:
     """A rule that extends the list it got must not change what the next rule is told."""
     import ast
 
-    from paratrain.check.patterns import module_facts
+    from paratrain.commands.check.patterns import module_facts
 
     tree = ast.parse("def f():\n    return 1\nx = f()\ny = x\n")
     facts = module_facts(tree)

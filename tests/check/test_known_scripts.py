@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import pytest
 
-from paratrain.check.engine import check_source, rules_by_id
+from paratrain.commands.check.engine import check_source, rules_by_id
 
 
 class Excerpt(NamedTuple):

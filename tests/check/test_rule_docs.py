@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from paratrain.check.engine import check_source, rules_by_id
+from paratrain.commands.check.engine import check_source, rules_by_id
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "rules"
 SECTIONS = ["What goes wrong", "Bad", "Good", "With paratrain", "Silence it"]

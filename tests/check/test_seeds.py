@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 import pytest
 
-from paratrain.check.engine import check_source, rules_by_id
+from paratrain.commands.check.engine import check_source, rules_by_id
 
 SEEDS = Path(__file__).resolve().parents[3] / "shared" / "seeds"
 S000 = "000_330b5c1fc844d778.txt"

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import paratrain as pt
-from paratrain.checkpoint.command import human
-from paratrain.cli import main
+from paratrain.commands.ckpt.command import human
+from paratrain.commands.cli import main
 
 REPR = re.compile(r"\bTrue\b|\bFalse\b|\bNone\b|\[\]|\{\}|\['|\{'|=\w+, ")
 

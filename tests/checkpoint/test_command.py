@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 import paratrain as pt
-from paratrain.cli import main
+from paratrain.commands.cli import main
 from tests.support.training import mlp
 
 

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import paratrain as pt
-from paratrain.cli import main
+from paratrain.commands.cli import main
 from paratrain.errors import ConfigError
 from tests.support.s3 import Bucket
 from tests.support.training import dataset, mlp

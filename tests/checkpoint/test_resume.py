@@ -107,7 +107,7 @@ def test_two_multi_node_jobs_in_one_checkpoint_dir_rotate_only_their_own(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from paratrain.checkpoint.manifest import Manifest
-    from paratrain.launcher.plan import RunOptions, make_plan
+    from paratrain.commands.run.plan import RunOptions, make_plan
 
     script = tmp_path / "train.py"
     script.write_text("")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from paratrain.demo.artefacts import DemoFiles
-from paratrain.demo.records import STEP_LOSS
+from paratrain.commands.demo.artefacts import DemoFiles
+from paratrain.commands.demo.records import STEP_LOSS
 
 STEPS_PER_EPOCH = 4
 

@@ -6,11 +6,11 @@ import argparse
 import subprocess
 import sys
 
-from paratrain.cli import build_parser
+from paratrain.commands.cli import build_parser
 
 
 def test_importing_the_command_does_not_import_torch() -> None:
-    code = "import sys, paratrain.demo.command; print('torch' in sys.modules)"
+    code = "import sys, paratrain.commands.demo.command; print('torch' in sys.modules)"
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
@@ -20,7 +20,7 @@ def test_importing_the_command_does_not_import_torch() -> None:
 def test_help_does_not_import_torch() -> None:
     code = (
         "import sys\n"
-        "from paratrain.cli import main\n"
+        "from paratrain.commands.cli import main\n"
         "try:\n"
         "    main(['demo', '--help'])\n"
         "except SystemExit:\n"
@@ -52,7 +52,7 @@ def test_every_flag_has_plain_help() -> None:
 
 
 def test_the_default_epochs_is_the_one_that_reaches_the_target() -> None:
-    from paratrain.demo.command import DEFAULT_EPOCHS, TARGET_ACCURACY
+    from paratrain.commands.demo.command import DEFAULT_EPOCHS, TARGET_ACCURACY
 
     args = _demo_parser().parse_args([])
     assert args.epochs == DEFAULT_EPOCHS and not args.skip_resume

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from paratrain.demo.digits import DigitsCNN
-from paratrain.demo.records import read_records
-from paratrain.monitor.snapshot import snapshot
+from paratrain.commands.demo.digits import DigitsCNN
+from paratrain.commands.demo.records import read_records
+from paratrain.commands.monitor.snapshot import snapshot
 from tests.support.images import png_size
 
 pytestmark = pytest.mark.dist

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from paratrain.demo.digits import _digits_arrays, digits_datasets
+from paratrain.commands.demo.digits import _digits_arrays, digits_datasets
 
 
 def test_the_shipped_file_gives_what_load_digits_gives() -> None:
@@ -33,7 +33,7 @@ def test_the_split_is_fixed_and_scaled() -> None:
 def test_loading_the_data_does_not_import_scikit_learn() -> None:
     code = (
         "import sys\n"
-        "from paratrain.demo.digits import digits_datasets\n"
+        "from paratrain.commands.demo.digits import digits_datasets\n"
         "digits_datasets()\n"
         "print('sklearn' in sys.modules)\n"
     )

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from paratrain.demo.plot import CurvesJob, curves_figure, plot_curves
-from paratrain.demo.records import read_records
+from paratrain.commands.demo.plot import CurvesJob, curves_figure, plot_curves
+from paratrain.commands.demo.records import read_records
 from tests.demo.fake_runs import write_run
 from tests.support.images import png_size
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from paratrain.demo.records import job_breakdown, read_records
+from paratrain.commands.demo.records import job_breakdown, read_records
 from tests.demo.fake_runs import loss_at, write_run
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import torch
 
-from paratrain.demo.artefacts import DemoFiles
-from paratrain.demo.resume_check import check_resume
+from paratrain.commands.demo.artefacts import DemoFiles
+from paratrain.commands.demo.resume_check import check_resume
 from tests.demo.fake_runs import loss_at, write_run
 
 

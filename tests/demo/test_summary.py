@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from paratrain.demo.artefacts import DemoFiles
-from paratrain.demo.resume_check import ResumeCheck
-from paratrain.demo.summary import Outcome, Phase, render
+from paratrain.commands.demo.artefacts import DemoFiles
+from paratrain.commands.demo.resume_check import ResumeCheck
+from paratrain.commands.demo.summary import Outcome, Phase, render
 
 MATCH = ResumeCheck(
     restarted=True,

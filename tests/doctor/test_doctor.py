@@ -17,8 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from paratrain.doctor import checks, facts, render
-from paratrain.doctor.command import build_report
+from paratrain.commands.doctor import checks, facts, render
+from paratrain.commands.doctor.command import build_report
 
 FAKE_SMI = """#!/bin/sh
 echo "0, NVIDIA H100 80GB HBM3, {driver}, 81559"
@@ -157,7 +157,7 @@ def test_broken_torch_is_reported_not_crashed(tmp_path: Path) -> None:
 def test_gpu_matmul_is_judged_against_the_devices_peak(
     name: str, cc: tuple[int, int], tflops: float, status: str, needle: str
 ) -> None:
-    from paratrain.doctor.measure import gpu_matmul_verdict
+    from paratrain.commands.doctor.measure import gpu_matmul_verdict
 
     props = SimpleNamespace(name=name, major=cc[0], minor=cc[1])
     result = gpu_matmul_verdict(props, tflops)
@@ -166,7 +166,7 @@ def test_gpu_matmul_is_judged_against_the_devices_peak(
 
 
 def test_a_failed_all_reduce_measurement_says_why() -> None:
-    from paratrain.doctor import measure, render
+    from paratrain.commands.doctor import measure, render
 
     result = measure.allreduce("no-such-backend")
     assert result["status"] == "FAIL" and result["value"] is None
@@ -178,7 +178,7 @@ def test_a_failed_all_reduce_measurement_says_why() -> None:
 
 
 def test_a_garbled_launcher_variable_is_reported_not_raised() -> None:
-    from paratrain.doctor.checks import check_omp
+    from paratrain.commands.doctor.checks import check_omp
 
     check = check_omp({"env": {"LOCAL_WORLD_SIZE": "abc"}, "torch": {"gpus": []}, "cpu_cores": 2})
     assert check.status == "FAIL" and "LOCAL_WORLD_SIZE" in check.detail

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from paratrain.commands.run.failure import failure_message, failure_summary, reported_run_dir
+from paratrain.commands.run.plan import RunOptions, make_plan
 from paratrain.errors import ConfigError, EnvironmentMismatchError
-from paratrain.launcher.failure import failure_message, failure_summary, reported_run_dir
-from paratrain.launcher.plan import RunOptions, make_plan
 
 
 @pytest.fixture
@@ -178,7 +178,7 @@ def test_a_folder_given_as_the_script_is_named(tmp_path: Path) -> None:
 def test_too_many_cpu_ranks_are_refused_and_oversubscription_is_noted(
     script: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("paratrain.launcher.plan._cpu_cores", lambda: 2)
+    monkeypatch.setattr("paratrain.commands.run.plan._cpu_cores", lambda: 2)
     with pytest.raises(EnvironmentMismatchError, match="at most --nproc 8 here"):
         make_plan(RunOptions(target=[str(script)], nproc="9"), env={}, gpus=0)
     plan = make_plan(RunOptions(target=[str(script)], nproc="3"), env={}, gpus=0)
@@ -259,7 +259,7 @@ def test_elastic_settings_that_cannot_work_are_named(
 def test_nnodes_reads_n_or_min_max() -> None:
     import argparse
 
-    from paratrain.launcher.command import node_count
+    from paratrain.commands.run.command import node_count
 
     assert node_count("2") == (2, 2) and node_count("1:4") == (1, 4)
     for bad in ("0", "4:1", "a:b", "1:", ":2"):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from paratrain.commands.run.preflight import local_topology, preflight
 from paratrain.config import RunConfig
 from paratrain.errors import ConfigError, EnvironmentMismatchError
-from paratrain.launcher.preflight import local_topology, preflight
 
 
 def test_selects_what_rank_zero_would() -> None:
@@ -34,7 +34,7 @@ def test_raises_what_a_rank_would_raise(
 
 
 def test_demo_and_bench_share_it() -> None:
-    from paratrain.bench.runner import make_plan
+    from paratrain.commands.bench.runner import make_plan
 
     with pytest.raises(ConfigError) as err:
         preflight(RunConfig(strategy="cpu"), nproc=2, gpus=0)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from paratrain.launcher.failure import exit_status, failure_message
-from paratrain.launcher.rank_output import RankTracebacks, raised_at
+from paratrain.commands.run.failure import exit_status, failure_message
+from paratrain.commands.run.rank_output import RankTracebacks, raised_at
 
 RANK0_LOST = [
     "[rank0]: Traceback (most recent call last):\n",
@@ -70,7 +70,7 @@ def test_the_script_line_is_the_deepest_frame_outside_the_libraries() -> None:
 
 
 def test_exit_codes_are_the_ranks_own_and_never_a_usage_error() -> None:
-    from paratrain.launcher.failure import RankExit
+    from paratrain.commands.run.failure import RankExit
 
     assert exit_status(1, RankExit(1, 1, 5)) == 5
     assert exit_status(1, RankExit(1, 1, -9)) == 137
@@ -88,7 +88,7 @@ def test_the_message_names_what_the_rank_raised_and_advises_by_cause() -> None:
 
 
 def test_the_preempted_exit_code_is_the_runtimes() -> None:
-    from paratrain.launcher.failure import PREEMPTED_EXIT
+    from paratrain.commands.run.failure import PREEMPTED_EXIT
     from paratrain.runtime.preemption import PREEMPTED_EXIT as RUNTIME
 
     assert PREEMPTED_EXIT == RUNTIME == 75

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from paratrain.launcher.ranks import (
+from paratrain.distributed.ranks import (
     Failure,
     FileGroup,
     RankFailedError,

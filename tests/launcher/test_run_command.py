@@ -267,9 +267,9 @@ def test_everything_after_the_script_belongs_to_the_script(tmp_path: Path) -> No
 def test_everything_after_the_module_belongs_to_the_module(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from paratrain import cli
-    from paratrain.launcher import command
-    from paratrain.launcher.arguments import VALUED_OPTIONS
+    from paratrain.commands import cli
+    from paratrain.commands.run import command
+    from paratrain.commands.run.arguments import VALUED_OPTIONS
 
     seen = []
     monkeypatch.setattr(command, "run_command", lambda args: seen.append(args) or 0)
@@ -277,7 +277,7 @@ def test_everything_after_the_module_belongs_to_the_module(
     assert seen[-1].target == ["-m", "pkg.train", *SCRIPT_FLAGS] and seen[-1].nproc == "2"
     assert cli.main(["run", "--run-dir=r", "--", "t.py", "--n", "5"]) == 0
     assert seen[-1].target == ["t.py", "--n", "5"] and str(seen[-1].run_dir) == "r"
-    from paratrain.verify import command as verify
+    from paratrain.commands.verify import command as verify
 
     subparsers = argparse.ArgumentParser().add_subparsers()
     command.add_parser(subparsers)

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import paratrain as pt
+from paratrain.distributed.spawn import RankFailedError, start_method
 from paratrain.errors import ConfigError
-from paratrain.launcher.spawn import RankFailedError, start_method
 
 pytestmark = pytest.mark.dist
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from paratrain.launcher.supervise import supervise
+from paratrain.commands.run.supervise import supervise
 
 # Stands in for torchrun: logs like it on SIGINT, then exits with the number of SIGINTs it got
 # within 2.5 s of the first (a forwarded duplicate arrives about 1 s after the first).
@@ -56,7 +56,7 @@ def test_the_interrupt_reaches_torchrun_once(tmp_path: Path, terminal: bool) -> 
 
 
 def _shown(text: str) -> str:
-    from paratrain.launcher.supervise import AgentNoise
+    from paratrain.commands.run.supervise import AgentNoise
 
     noise = AgentNoise()
     out = [shown for line in text.splitlines(keepends=True) for shown in noise.feed(line)]
@@ -93,8 +93,8 @@ def test_a_signal_as_the_ranks_finish_leaves_the_jobs_success(
 ) -> None:
     """SIGTERM reached `paratrain run` in the last second, but torchrun ended with every rank's
     success: the job succeeded (exit 0, not 143)."""
-    from paratrain import cli
-    from paratrain.launcher import command
+    from paratrain.commands import cli
+    from paratrain.commands.run import command
 
     monkeypatch.setattr(command, "supervise", lambda *a, **k: (0, signal.SIGTERM, ""))
     script = tmp_path / "train.py"

@@ -83,7 +83,7 @@ def test_a_torch_call_is_named_past_its_decorator() -> None:
 
 
 def test_no_user_frame_and_no_stack() -> None:
-    inner = judge(_stack(("/src/paratrain/demo/train.py", 50, "train")), ROOTS)
+    inner = judge(_stack(("/src/paratrain/commands/demo/train.py", 50, "train")), ROOTS)
     assert inner.short == "train.py:50" and inner.call is None and not inner.waiting
     assert judge([], ROOTS).where == "?"
 

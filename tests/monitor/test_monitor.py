@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from torch import nn
 
 import paratrain as pt
-from paratrain.cli import main
-from paratrain.monitor.snapshot import flags, snapshot
+from paratrain.commands.cli import main
+from paratrain.commands.monitor.snapshot import flags, snapshot
 from tests.support.training import dataset, mlp
 
 
@@ -139,7 +139,7 @@ def test_a_run_never_closed_still_writes_its_last_stats(tmp_path: Path) -> None:
 
 
 def test_damaged_stats_lines_are_skipped(tmp_path: Path) -> None:
-    from paratrain.monitor.snapshot import latest_records
+    from paratrain.commands.monitor.snapshot import latest_records
 
     stats = tmp_path / "stats"
     stats.mkdir()
@@ -168,7 +168,7 @@ def _show_everything(run_dir: Path) -> None:
     """The snapshot, rendered, and the --json and table commands: none may raise."""
     from rich.console import Console
 
-    from paratrain.monitor.command import render
+    from paratrain.commands.monitor.command import render
 
     snap = snapshot(run_dir)
     Console(file=io.StringIO(), width=120).print(render(snap))
@@ -191,7 +191,9 @@ def _not_json(name: str) -> None:
 def test_no_stats_file_makes_a_traceback_bytes(
     tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch, content: bytes
 ) -> None:
-    monkeypatch.setattr("paratrain.monitor.snapshot.HOST_SAMPLE_S", 0.0)  # CPU % is not tested
+    monkeypatch.setattr(
+        "paratrain.commands.monitor.snapshot.HOST_SAMPLE_S", 0.0
+    )  # CPU % is not tested
     run_dir = tmp_path_factory.mktemp("run")
     (run_dir / "stats").mkdir()
     (run_dir / "stats" / "rank0.jsonl").write_bytes(content)
@@ -207,7 +209,9 @@ def test_no_stats_record_makes_a_traceback(
     monkeypatch: pytest.MonkeyPatch,
     lines: list[dict[str, Any]],
 ) -> None:
-    monkeypatch.setattr("paratrain.monitor.snapshot.HOST_SAMPLE_S", 0.0)  # CPU % is not tested
+    monkeypatch.setattr(
+        "paratrain.commands.monitor.snapshot.HOST_SAMPLE_S", 0.0
+    )  # CPU % is not tested
     run_dir = tmp_path_factory.mktemp("run")
     (run_dir / "stats").mkdir()
     text = "\n".join(json.dumps(line, allow_nan=True) for line in lines)
@@ -258,7 +262,7 @@ def test_a_run_dir_that_reads_as_markup_is_shown_as_it_is(
 
 
 def test_only_the_end_of_a_long_stats_file_is_read(tmp_path: Path) -> None:
-    from paratrain.monitor.snapshot import TAIL_BYTES
+    from paratrain.commands.monitor.snapshot import TAIL_BYTES
 
     (tmp_path / "stats").mkdir()
     line = json.dumps({"rank": 0, "step": 1, "note": "x" * 200}) + "\n"
@@ -281,7 +285,7 @@ def test_a_run_dir_that_is_a_file_is_one_paragraph(
 def test_without_a_job_it_says_how_to_point_at_one(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from paratrain.monitor import snapshot as module
+    from paratrain.commands.monitor import snapshot as module
 
     monkeypatch.setattr(module, "rank_processes", dict)  # no torchrun job on this machine
     assert main(["monitor", "--once"]) == 0
@@ -295,7 +299,7 @@ def test_without_a_run_dir_the_ranks_of_this_machine_come_with_the_hint(
 ) -> None:
     import psutil
 
-    from paratrain.monitor import snapshot as module
+    from paratrain.commands.monitor import snapshot as module
 
     monkeypatch.setattr(module, "rank_processes", lambda: {3: psutil.Process()})
     assert main(["monitor", "--once"]) == 0

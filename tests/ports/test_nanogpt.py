@@ -17,7 +17,16 @@ SCRIPT = Path(__file__).with_name("nanogpt_shaped.py")
 
 
 def launch(run_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "paratrain.cli", "run", "--nproc", "2", "--max-restarts", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "paratrain.commands.cli",
+        "run",
+        "--nproc",
+        "2",
+        "--max-restarts",
+        "1",
+    ]
     cmd += ["--run-dir", str(run_dir), str(SCRIPT), *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from paratrain.cli import build_parser
+from paratrain.commands.cli import build_parser
 
 DOCKER = Path(__file__).resolve().parents[2] / "docker"
 

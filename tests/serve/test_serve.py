@@ -205,7 +205,7 @@ def test_bad_settings_are_refused_before_anything_starts(
     env: dict[str, str],
     message: str,
 ) -> None:
-    from paratrain.cli import build_parser
+    from paratrain.commands.cli import build_parser
     from paratrain.errors import ConfigError
 
     for name in ("JUPYTER_TOKEN", "SSH_AUTHORIZED_KEYS"):
@@ -227,7 +227,7 @@ def test_a_command_replaces_serve_and_keeps_its_exit_code(tmp_path: Path) -> Non
 
 
 def test_root_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    from paratrain.cli import build_parser
+    from paratrain.commands.cli import build_parser
     from paratrain.errors import ConfigError
 
     args = build_parser().parse_args(["serve", "--no-ssh"])

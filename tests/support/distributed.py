@@ -6,7 +6,7 @@ The ranks are forked from a server process that imported torch and paratrain onc
 ``forkserver`` start method with a preload), so a launch costs about 0.1 s instead of the 1.5-5 s
 of importing torch in every rank; each rank then takes the test's current environment, working
 directory and ``sys.path`` (a forkserver's children would otherwise see the server's).
-They come from paratrain's own spawner (:func:`paratrain.launcher.ranks.spawn_ranks`):
+They come from paratrain's own spawner (:func:`paratrain.distributed.ranks.spawn_ranks`):
 rendezvous through a file (no ports to collide), one thread per rank, a collective timeout of
 60 s, child tracebacks re-raised as ``RankFailedError`` naming the rank, a rank that dies without
 raising named within a second, hung ranks killed and named. Results travel as ``torch.save``
@@ -21,8 +21,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from paratrain.distributed.ranks import FileGroup, spawn_ranks
 from paratrain.distributed.topology import Topology
-from paratrain.launcher.ranks import FileGroup, spawn_ranks
 
 PRELOAD = ["torch", "torch.distributed", "paratrain", "paratrain.runtime.run", "tests.support"]
 """What the rank server imports once; every rank starts with it loaded."""

@@ -21,7 +21,16 @@ STEPS = 8  # 2 epochs of 64 samples, per-rank batch 8, 2 ranks
 
 
 def _run(run_dir: Path, kill_step: int) -> None:
-    cmd = [sys.executable, "-m", "paratrain.cli", "run", "--nproc", "2", "--max-restarts", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "paratrain.commands.cli",
+        "run",
+        "--nproc",
+        "2",
+        "--max-restarts",
+        "1",
+    ]
     cmd += ["--run-dir", str(run_dir), str(SCRIPT), "--kill-step", str(kill_step)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)

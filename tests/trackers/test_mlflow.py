@@ -38,7 +38,7 @@ def test_metrics_and_hyperparameters_reach_one_mlflow_run(tmp_path: Path) -> Non
     assert params["strategy"] == "cpu" and params["world_size"] == "1"  # resolved, not "auto"
     assert params["log_to"] == "mlflow" and params["seed"] == "0"
     assert "started" not in params and "restart_count" not in params
-    assert run.data.tags["paratrain.run_dir"] == str((tmp_path / "exp1").resolve())
+    assert run.data.tags["paratrain.core.run_dir"] == str((tmp_path / "exp1").resolve())
 
 
 def test_the_default_store_is_run_dir_mlruns_and_mlflow_env_is_honoured(

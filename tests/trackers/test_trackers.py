@@ -14,8 +14,8 @@ import torch.distributed as dist
 
 import paratrain as pt
 from paratrain.checkpoint.restore import load_trainer
+from paratrain.core.run_dir import RunDir
 from paratrain.errors import ConfigError, EnvironmentMismatchError
-from paratrain.run_dir import RunDir
 from paratrain.trackers import STATE_NAME, Trackers, open_trackers, selected
 from tests.trackers.training import train
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from paratrain.cli import main
-from paratrain.faults import EVENTS
-from paratrain.verify.kill_points import KINDS
+from paratrain.commands.cli import main
+from paratrain.commands.verify.kill_points import KINDS
+from paratrain.core.faults import EVENTS
 
 SCRIPTS = Path(__file__).with_name("scripts")
 

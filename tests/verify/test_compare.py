@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from paratrain.verify.compare import compare
+from paratrain.commands.verify.compare import compare
 
 
 def test_identical_nested_states_have_no_difference() -> None:
@@ -74,7 +74,7 @@ def test_the_first_difference_follows_the_order_of_the_first_state() -> None:
 
 
 def test_files_named_differently_are_not_called_nondeterminism() -> None:
-    from paratrain.verify.render import not_deterministic
+    from paratrain.commands.verify.render import not_deterministic
 
     first = {"files": {"out-1.pt": b"x"}}
     second = {"files": {"out-2.pt": b"x"}}

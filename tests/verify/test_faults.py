@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from paratrain import faults
-from paratrain.faults import KillPoint
+from paratrain.core import faults
+from paratrain.core.faults import KillPoint
 
 
 def _lines(path: Path) -> list[dict[str, object]]:
@@ -43,8 +43,8 @@ def test_nothing_is_recorded_without_the_variables() -> None:
 
 KILLER = """
 import sys
-from paratrain import faults
-from paratrain.faults import KillPoint
+from paratrain.core import faults
+from paratrain.core.faults import KillPoint
 faults.start(trace_dir=sys.argv[1], kill=KillPoint.parse(sys.argv[2]), rank=int(sys.argv[3]),
              restart=int(sys.argv[4]), where=lambda: (5, 1))
 for _ in range(3):

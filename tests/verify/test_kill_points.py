@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from paratrain.commands.verify.kill_points import KINDS, Event, choose, read_trace, spread
+from paratrain.core.faults import EVENTS, KillPoint
 from paratrain.distributed.environment import LaunchEnv
 from paratrain.errors import ConfigError
-from paratrain.faults import EVENTS, KillPoint
-from paratrain.verify.kill_points import KINDS, Event, choose, read_trace, spread
 
 
 def test_kill_point_round_trips_and_bad_values_name_the_format() -> None:

@@ -35,8 +35,8 @@ from paratrain.checkpoint.object_storage import RemoteFolder, fetched, is_url, r
 from paratrain.checkpoint.restore import load_trainer
 from paratrain.checkpoint.safetensors_io import write_safetensors
 from paratrain.checkpoint.store import PREFIX
+from paratrain.core.paths import check_new, existing
 from paratrain.errors import CheckpointError
-from paratrain.paths import check_new, existing
 
 
 def _summary(state: dict[str, torch.Tensor]) -> dict[str, Any]:

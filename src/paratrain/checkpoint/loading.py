@@ -38,8 +38,8 @@ from paratrain.checkpoint.weight_files import (
     read_safetensors,
     read_weights_file,
 )
+from paratrain.core.paths import existing
 from paratrain.errors import CheckpointError, ConfigError, ModelError
-from paratrain.paths import existing
 
 WRAPPER_PARTS = ("module", "_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module")
 ACCELERATE_FILES = ("model.safetensors", "pytorch_model.bin", "model.bin", "pytorch_model.pt")

@@ -30,21 +30,17 @@ from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
 
 from paratrain.checkpoint.formats import describe
+from paratrain.core.paths import URL as _URL
+from paratrain.core.paths import is_url as is_url  # where the checkpoint modules look
 from paratrain.errors import CheckpointError, ConfigError, ParatrainError, StorageError
 
 T = TypeVar("T")
-_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]+)://(.*)$")
 _MANGLED = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]+:/[^/]")
 _INSTALL = "pip install 'paratrain[s3]'"
 # Object stores have no folders: writing a key needs no parent, and fsspec's makedirs there would
 # create a missing bucket instead of reporting it.
 _FLAT = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "oci", "r2", "tos"}
 _SECRET = re.compile(r"key|secret|token|password|credential|sas|signature", re.IGNORECASE)
-
-
-def is_url(value: object) -> bool:
-    """True for a ``protocol://...`` string (a one-letter scheme is a Windows drive, not one)."""
-    return isinstance(value, str) and _URL.match(value) is not None
 
 
 def looks_mangled(value: object) -> bool:

@@ -42,7 +42,6 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 
-from paratrain import faults
 from paratrain.checkpoint import state as st
 from paratrain.checkpoint.dcp_io import RecordingWriter
 from paratrain.checkpoint.durable_writes import fsync_dir, in_parallel, write_files_blocked
@@ -61,6 +60,7 @@ from paratrain.checkpoint.verified_reads import (
     BLOCK_BYTES,
     checksum_file,
 )
+from paratrain.core import faults
 from paratrain.errors import CheckpointError, lost_a_peer
 
 PREFIX = "step-"

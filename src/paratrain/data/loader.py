@@ -33,7 +33,7 @@ from torch.autograd import profiler
 from torch.autograd.profiler import record_function
 from torch.utils.data import DataLoader, DistributedSampler
 
-from paratrain import faults
+from paratrain.core import faults
 from paratrain.data.samplers import (
     EvenBatchSampler,
     ExactOnceSampler,

@@ -21,12 +21,12 @@ What a launcher passes to the script's :class:`paratrain.Run`:
 =========================  ==============================================================
 
 What ``paratrain verify-resume`` passes (for testing restart safety; see
-``docs/concepts/verify-resume.md`` and :mod:`paratrain.faults`):
+``docs/concepts/verify-resume.md`` and :mod:`paratrain.core.faults`):
 
 =========================  ==============================================================
 ``PARATRAIN_TRACE``        a folder: each rank appends its loop events to ``rank<r>.jsonl``
                            there, one JSON object a line: ``{"event", "n", "step", "epoch",
-                           "rank", "restart"}`` (kinds: :data:`paratrain.faults.EVENTS`).
+                           "rank", "restart"}`` (kinds: :data:`paratrain.core.faults.EVENTS`).
 ``PARATRAIN_KILL``         ``EVENT:N:RANK``: on the first attempt only
                            (``TORCHELASTIC_RESTART_COUNT`` 0), rank RANK SIGKILLs itself at
                            its N-th event of kind EVENT (N counted from 1).
@@ -44,8 +44,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from paratrain.core.faults import KillPoint
 from paratrain.errors import ConfigError
-from paratrain.faults import KillPoint
 
 DEFAULT_RUN_DIR = "runs/paratrain"
 RUN_DIR_VAR = "PARATRAIN_RUN_DIR"

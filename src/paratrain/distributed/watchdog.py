@@ -84,7 +84,7 @@ class CodeRoots:
         libraries.update([*site.getsitepackages(), site.getusersitepackages()])
         return cls(
             torch=_package_dir("torch"),
-            paratrain=os.path.dirname(os.path.realpath(__file__)),
+            paratrain=os.path.dirname(os.path.dirname(os.path.realpath(__file__))),  # src/paratrain
             libraries=tuple(sorted(os.path.realpath(p) for p in libraries)),
         )
 

@@ -5,5 +5,5 @@ run's reactions to the loop), ``checkpoints`` and ``save_restore`` (the run's si
 what is saved, what a resume restores), ``registry`` (what a checkpoint holds), ``stepping``,
 ``accumulation`` and ``precision`` (one optimizer step), ``model_setup``, ``seeding``, ``rng``,
 ``per_rank``, ``loop_state``, ``stats``, ``console`` and ``final_state``. The run dir's layout
-(:mod:`paratrain.run_dir`) sits below, shared with the commands.
+(:mod:`paratrain.core.run_dir`) sits below, shared with the commands.
 """

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from paratrain import faults
+from paratrain.core import faults
 from paratrain.errors import ConfigError
 
 

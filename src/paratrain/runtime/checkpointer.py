@@ -12,8 +12,9 @@ global batch rule (keep it by changing grad_accum, or report the change) is appl
 :meth:`Checkpointer.settle_global_batch`, at the resume when a training loader exists, else at the
 first one. This module also refuses saves that would lose state, refuses another run's
 checkpoints (``previous_run``), and records restarts in ``run_dir/restarts.jsonl``. Under
-``paratrain verify-resume`` it starts the event trace and kill point (:mod:`paratrain.faults`) and
-writes the final state at close or exit (:mod:`paratrain.runtime.final_state`).
+``paratrain verify-resume`` it starts the event trace and kill point
+(:mod:`paratrain.core.faults`) and writes the final state at close or exit
+(:mod:`paratrain.runtime.final_state`).
 """
 
 from __future__ import annotations
@@ -28,14 +29,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from paratrain import faults
 from paratrain.checkpoint.remote_store import RemoteStore, open_store
 from paratrain.checkpoint.store import CheckpointStore
 from paratrain.config import RunConfig
+from paratrain.core import faults
+from paratrain.core.run_dir import RunDir
 from paratrain.distributed.environment import LaunchEnv, read_report
 from paratrain.distributed.job_id import job_id
 from paratrain.errors import CheckpointError, ConfigError
-from paratrain.run_dir import RunDir
 from paratrain.runtime import final_state
 from paratrain.runtime import save_restore as checkpoints
 from paratrain.runtime.accumulation import Windows

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sized
 from pathlib import Path
 from typing import Any, TypeVar
 
-from paratrain.run_dir import RunDir
+from paratrain.core.run_dir import RunDir
 from paratrain.trackers import Trackers
 
 T = TypeVar("T")

@@ -33,9 +33,9 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils.data import Dataset
 
-from paratrain import faults
 from paratrain.checkpoint.store import CheckpointStore
 from paratrain.config import RunConfig
+from paratrain.core import faults
 from paratrain.data import loader as data
 from paratrain.data.build import make_loader
 from paratrain.errors import ConfigError

@@ -32,19 +32,19 @@ from torch import nn
 from paratrain.checkpoint.durable_writes import atomic_torch_save
 from paratrain.checkpoint.object_storage import redacted
 from paratrain.config import RunConfig, make_config
+from paratrain.core.paths import check_creatable, check_output_file
+from paratrain.core.run_dir import RunDir
+from paratrain.core.version import __version__
 from paratrain.distributed import collectives
 from paratrain.distributed.environment import LaunchEnv
 from paratrain.distributed.process_group import destroy_process_group, init_process_group
 from paratrain.distributed.topology import Topology
 from paratrain.distributed.watchdog import Watchdog
 from paratrain.errors import ModelError
-from paratrain.paths import check_creatable, check_output_file
-from paratrain.run_dir import RunDir
 from paratrain.runtime.console import Console
 from paratrain.runtime.precision import Precision
 from paratrain.strategies import select_strategy
 from paratrain.trackers import open_trackers
-from paratrain.version import __version__
 
 Number = TypeVar("Number", int, float, torch.Tensor)
 
@@ -63,7 +63,7 @@ class RunBase:
         if config.run_dir is None:  # the launcher's or the default: not checked by the config
             check_creatable(self.config.run_dir or ".", "run_dir")
         self.layout = RunDir(self.config.run_dir or ".")
-        """Where this run writes (:class:`paratrain.run_dir.RunDir`)."""
+        """Where this run writes (:class:`paratrain.core.run_dir.RunDir`)."""
         self.topology = Topology.from_env_or_group()
         self.selection = select_strategy(self.config, self.topology)
         self.strategy = self.selection.strategy

@@ -35,6 +35,7 @@ from paratrain.checkpoint.plain_data import plain
 from paratrain.checkpoint.restore import Staged, load_trainer, load_unit, stems
 from paratrain.checkpoint.state import adoptable
 from paratrain.checkpoint.store import CheckpointStore, SaveRequest, distributed
+from paratrain.core.version import __version__
 from paratrain.data.loader import DeviceLoader
 from paratrain.errors import CheckpointDamagedError, CheckpointError, ConfigError
 from paratrain.runtime.loop_state import LoopState, loop_to_save
@@ -42,7 +43,6 @@ from paratrain.runtime.per_rank import extras_of_rank, objects_of_every_rank, pe
 from paratrain.runtime.precision import Precision
 from paratrain.runtime.registry import Registry, Unit
 from paratrain.runtime.rng import capture_rng, reseed_rng, restore_rng
-from paratrain.version import __version__
 
 T = TypeVar("T")
 

@@ -23,7 +23,7 @@ import torch
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 
-from paratrain import faults
+from paratrain.core import faults
 from paratrain.errors import ConfigError
 from paratrain.runtime.accumulation import Windows
 from paratrain.runtime.loop_state import LoopState

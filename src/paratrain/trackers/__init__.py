@@ -34,8 +34,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from paratrain.core.run_dir import RunDir
 from paratrain.errors import EnvironmentMismatchError
-from paratrain.run_dir import RunDir
 from paratrain.trackers.mlflow import MlflowTracker
 from paratrain.trackers.protocol import Tracker, TrackerOptions
 from paratrain.trackers.settings import TRACKER_NAMES, TrackerSettings, selected

@@ -107,7 +107,7 @@ class MlflowTracker:
             experiment_id = self._client.create_experiment(self.experiment)
         else:
             experiment_id = experiment.experiment_id
-        tags = {"paratrain.run_dir": self.run_dir}
+        tags = {"paratrain.core.run_dir": self.run_dir}
         run = self._client.create_run(experiment_id, run_name=self.run_name, tags=tags)
         values = {safe_key(k): str(v)[:_VALUE_LENGTH] for k, v in flat_params(hparams).items()}
         params = [Param(k, v) for k, v in values.items()]

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from paratrain.run_dir import RunDir
+from paratrain.core.run_dir import RunDir
 
 Warn = Callable[[str], None]
 

@@ -19,8 +19,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from paratrain.check.engine import check_paths, rules_by_id
-from paratrain.check.findings import Finding
+from paratrain.commands.check.engine import check_paths, rules_by_id
+from paratrain.commands.check.findings import Finding
 
 HERE = Path(__file__).resolve().parent
 PLANTED = re.compile(r"^pt(\d{3})_", re.IGNORECASE)

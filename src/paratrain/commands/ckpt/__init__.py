@@ -1,0 +1,1 @@
+"""``paratrain ckpt``: inspect, verify, convert and diff checkpoints."""
