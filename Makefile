@@ -43,8 +43,8 @@ docs: $(VENV)/.installed
 
 SLOW := examples or scale or kill_trials or layouts or release or mutants
 pytest: $(VENV)/.installed
-	$(BIN)/pytest -q -m "not dist and not ($(SLOW))"
-	$(BIN)/pytest -q -m "dist and not ($(SLOW))"
+	$(BIN)/pytest -q --durations=20 -m "not dist and not ($(SLOW))"
+	$(BIN)/pytest -q --durations=20 -m "dist and not ($(SLOW))"
 
 # The sdist and wheel pass `twine check`; the wheel installs into a fresh venv (with torch pinned
 # as TORCH_SPEC) and runs `paratrain --help`, `--version` and `doctor --quick`. 40-70 s on 2 cores,
@@ -70,12 +70,12 @@ serve-deps:
 
 # Every shipped example (examples/) end to end at tiny size on 2 CPU ranks, and the notebook.
 examples-test: $(VENV)/.installed
-	$(BIN)/pytest -q -m examples
+	$(BIN)/pytest -q --durations=20 -m examples
 
 # Past one machine's disk: 20 SIGKILLed savers against a real S3 API server (moto on loopback),
 # streaming resume at 2 ranks x 2 workers (webdataset tars, HF datasets), trackers end to end.
 scale-test: $(VENV)/.installed
-	$(BIN)/pytest -q -m scale
+	$(BIN)/pytest -q --durations=20 -m scale
 
 # The verify-resume mutation table: every restart-safe script of tests/restart_mutants and every
 # mutant with one planted restart defect, at 1 and 2 ranks (about 1.5 hours on 2 cores; not run by
@@ -91,7 +91,8 @@ layouts-test: $(VENV)/.installed
 
 # The loop-shape corpus (tests/resume_corpus) killed once by SIGKILL from outside pt.Run and
 # compared with an uninterrupted run, at 1 and 2 ranks: an independent check of what
-# verify-resume proves in make examples-test. About 13 minutes; not run by CI.
+# verify-resume proves in make examples-test; and verify-resume at 1 rank of the shapes CI checks
+# at 2 ranks only. About 20 minutes; not run by CI.
 kill-trials: $(VENV)/.installed
 	$(BIN)/pytest -q -m kill_trials
 

@@ -54,7 +54,7 @@ def run_distributed(
     ``exit_hard``: end each rank without tearing the group down (for tests that leave
     collectives unmatched on purpose, where destroy_process_group would wait forever).
     """
-    context = (dict(os.environ), os.getcwd(), list(sys.path))
+    context = (dict(os.environ), os.getcwd(), list(sys.path), os.getpid())
     return spawn_ranks(
         _as_in_the_test,
         world_size,
@@ -67,10 +67,15 @@ def run_distributed(
 
 
 def _as_in_the_test(
-    context: tuple[dict[str, str], str, list[str]], fn: Callable[..., Any], args: tuple[Any, ...]
+    context: tuple[dict[str, str], str, list[str], int],
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
 ) -> Any:
-    """In a rank: the test's environment, working directory and import path, then ``fn``."""
-    environ, cwd, path = context
+    """In a rank: the test's environment, working directory, import path and standard output
+    and error (where pytest's ``capfd`` reads them), then ``fn``."""
+    environ, cwd, path, test_pid = context
+    for fd in (1, 2):
+        _write_where_the_test_does(test_pid, fd)
     omp = os.environ.get("OMP_NUM_THREADS", "1")
     os.environ.clear()
     os.environ.update(environ)
@@ -78,3 +83,14 @@ def _as_in_the_test(
     os.chdir(cwd)
     sys.path[:] = path
     return fn(*args)
+
+
+def _write_where_the_test_does(test_pid: int, fd: int) -> None:
+    """Point this process's ``fd`` at the test process's (a file, pipe or terminal; Linux)."""
+    try:
+        target = os.open(f"/proc/{test_pid}/fd/{fd}", os.O_WRONLY | os.O_APPEND)
+    except OSError:
+        return  # a socket, or no /proc: the rank keeps the server's output
+    (sys.stdout if fd == 1 else sys.stderr).flush()
+    os.dup2(target, fd)
+    os.close(target)
