@@ -101,6 +101,9 @@ def test_an_interrupted_launch_saves_and_runs_again(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # Ctrl-C works in the script even when these tests run in a background job, where the
+        # shell starts them with SIGINT ignored (and Python then keeps it ignored)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     wait_started(proc, run_dir)
     proc.send_signal(signal.SIGINT)  # what a notebook's interrupt button sends
