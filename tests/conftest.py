@@ -4,6 +4,11 @@ from collections.abc import Iterator
 import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+if "PYTEST_XDIST_WORKER" in os.environ:
+    # xdist's workers start with COLUMNS=80 and LINES set; the tests of piped output expect the
+    # environment of a pipe, which has neither
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
 
 
 @pytest.fixture(autouse=True, scope="session")
