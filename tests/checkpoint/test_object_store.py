@@ -251,3 +251,25 @@ def test_a_bad_bucket_name_says_why_and_an_empty_one_suggests_no_bucket(s3: Buck
     assert "Invalid bucket name" in text and "Bad_Bucket!" in text  # botocore's reason, in full
     text = _refusal(ckpt_dir="s3:///run")
     assert "names no bucket" in text and "aws s3 mb" not in text
+
+
+def test_fresh_cannot_move_another_runs_checkpoints_on_object_storage(
+    s3: Bucket, tmp_path: Path
+) -> None:
+    """The store says it cannot rename a folder there; the run refuses before training, and
+    the other run's checkpoints stay where they are."""
+    url = s3.url("shared")
+    _train(url, tmp_path / "a", stop_at=2)
+    with pytest.raises(ConfigError, match="cannot move the checkpoints at .* aside on object"):
+        with pt.Run(
+            strategy="cpu",
+            progress=False,
+            ckpt_dir=url,
+            run_dir=tmp_path / "b",
+            previous_run="fresh",
+        ) as run:
+            net = mlp()
+            model, opt = run.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
+            run.backward(model(torch.ones(2, 6)).sum())
+    with pt.Run(strategy="cpu", progress=False, ckpt_dir=url, run_dir=tmp_path / "c") as run:
+        assert run.latest_checkpoint() is not None and run.latest_checkpoint().step == 2

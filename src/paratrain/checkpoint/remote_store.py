@@ -136,6 +136,25 @@ class RemoteStore(CheckpointStore):
         if problem:
             raise ConfigError(problem)
 
+    def move_aside(self, name: str) -> Path:
+        """Object storage has no rename of a folder: refused with what to do instead."""
+        raise ConfigError(
+            f"previous_run='fresh' cannot move the checkpoints at {self.location} aside on "
+            "object storage. Give this run another ckpt_dir, or delete them with your storage's "
+            "tools."
+        )
+
+    def read_mark(self, name: str) -> dict[str, Any]:
+        """No records beside checkpoints on object storage (a preempted run there is resumed
+        with ``paratrain run --resume`` / ``run.resume()``, not by a mark)."""
+        return {}
+
+    def write_mark(self, name: str, mark: dict[str, Any]) -> None:
+        """Nothing is written (see :meth:`read_mark`)."""
+
+    def remove_mark(self, name: str) -> None:
+        """Nothing to remove (see :meth:`read_mark`)."""
+
     # -- saving ---------------------------------------------------------------------------
     def _agree_on_folder(self, step: int) -> tuple[Path, Path]:
         leader = self._leads_node()

@@ -20,9 +20,11 @@ lineage.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import io
+import json
 import os
 import shutil
 import socket
@@ -129,6 +131,42 @@ class CheckpointStore:
         return str(self.directory)
 
     # -- saving ---------------------------------------------------------------------------
+    # -- what a run asks of its checkpoint folder, whatever the storage -------------------------
+    def check_writable(self) -> None:
+        """Raise ConfigError (collective) when checkpoints cannot be written here. A local
+        folder is created at the first save, and its path was checked with the settings."""
+
+    def move_aside(self, name: str) -> Path:
+        """Rename the whole folder to ``name`` beside it (``name-2``, ... when taken); the
+        folder that checkpoints go to is then empty (``previous_run='fresh'``). Rank 0 only."""
+        target = self.directory.with_name(name)
+        n = 1
+        while target.exists():
+            n += 1
+            target = self.directory.with_name(f"{name}-{n}")
+        self.directory.rename(target)
+        return target
+
+    def read_mark(self, name: str) -> dict[str, Any]:
+        """A small JSON record kept beside the checkpoints ({} when absent or unreadable)."""
+        try:
+            mark = json.loads((self.directory / name).read_text())
+        except (OSError, ValueError, TypeError):
+            return {}
+        return mark if isinstance(mark, dict) else {}
+
+    def write_mark(self, name: str, mark: dict[str, Any]) -> None:
+        """Write ``mark`` as ``name`` atomically (a reader sees the old record or the new)."""
+        path = self.directory / name
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(mark))
+        os.replace(tmp, path)
+
+    def remove_mark(self, name: str) -> None:
+        """Remove the record ``name`` if it is there."""
+        with contextlib.suppress(OSError):
+            (self.directory / name).unlink()
+
     def save(self, request: SaveRequest, *, background: bool = False) -> Path | None:
         """Write and commit a checkpoint (collective). Returns its folder (None if skipped)."""
         self.wait()

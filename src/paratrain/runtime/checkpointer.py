@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from paratrain.checkpoint.remote_store import RemoteStore, open_store
+from paratrain.checkpoint.remote_store import open_store
 from paratrain.checkpoint.store import CheckpointStore
 from paratrain.config import RunConfig
 from paratrain.core import faults
@@ -98,8 +98,7 @@ class Checkpointer:
             where=lambda: (parts.loop.global_step, parts.loop.epoch),
         )
         self._final = self._final_state()
-        if isinstance(self.store, RemoteStore):  # bucket, credentials, endpoint: now, not later
-            self.store.check_writable()
+        self.store.check_writable()  # object storage: bucket, credentials, endpoint, now
 
     @property
     def location(self) -> str | Path:
@@ -354,25 +353,24 @@ class Checkpointer:
         )
 
     def _set_aside(self, aside: Path, other: checkpoints.OtherRun) -> None:
+        """Rank 0 moves the folder aside (the store refuses where it cannot); every rank gets
+        the outcome, and none saves into the folder before it has moved."""
         p = self.parts
-        if isinstance(self.store, RemoteStore):
-            raise ConfigError(
-                f"previous_run='fresh' cannot move the checkpoints of run {other.run_id} on "
-                f"object storage ({self.store.location}). Give this run another ckpt_dir, or "
-                "delete them with your storage's tools."
-            )
+        problem: list[str | None] = [None]
         if p.rank == 0:
-            target, n = aside, 1
-            while target.exists():
-                n += 1
-                target = aside.with_name(f"{aside.name}-{n}")
-            self.store.directory.rename(target)
-            p.console.print(
-                f"paratrain: previous_run='fresh': the {other.count} checkpoint(s) of run "
-                f"{other.run_id} were moved to {target}; starting at step 0"
-            )
+            try:
+                target = self.store.move_aside(aside.name)
+            except ConfigError as err:
+                problem[0] = str(err)
+            else:
+                p.console.print(
+                    f"paratrain: previous_run='fresh': the {other.count} checkpoint(s) of run "
+                    f"{other.run_id} were moved to {target}; starting at step 0"
+                )
         if p.world_size > 1 and dist.is_initialized():
-            dist.barrier()  # no rank saves into the folder before it has moved
+            dist.broadcast_object_list(problem, src=0)
+        if problem[0] is not None:
+            raise ConfigError(problem[0])
 
     def latest(self) -> checkpoints.CheckpointInfo | None:
         """The newest valid checkpoint's manifest and extras (collective)."""

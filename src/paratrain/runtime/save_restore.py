@@ -17,9 +17,6 @@ This module is given the pieces explicitly; it knows nothing of :class:`paratrai
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -403,16 +400,8 @@ def other_run(store: CheckpointStore, identity: Identity, rank: int) -> OtherRun
     return None if agreed is None else OtherRun(*agreed)
 
 
-def _read_mark(store: CheckpointStore) -> dict[str, Any]:
-    try:
-        mark = json.loads((Path(store.location) / PREEMPTED_MARK).read_text())
-    except (OSError, ValueError, TypeError):
-        return {}
-    return mark if isinstance(mark, dict) else {}
-
-
 def _preempted_mark(store: CheckpointStore) -> str | None:
-    found = _read_mark(store).get("checkpoint")
+    found = store.read_mark(PREEMPTED_MARK).get("checkpoint")
     return found if isinstance(found, str) else None
 
 
@@ -420,7 +409,7 @@ def _same_command(store: CheckpointStore) -> bool:
     """Whether this process runs the command the preempted run ran (its script and arguments):
     only the same command resumes a preempted checkpoint by itself; another one (other script,
     other lr) is another run, refused as such (``previous_run``)."""
-    command = _read_mark(store).get("command")
+    command = store.read_mark(PREEMPTED_MARK).get("command")
     return command is None or _command() is None or command == _command()  # None: not known
 
 
@@ -432,21 +421,15 @@ def _command() -> list[str] | None:
 
 def mark_preempted(store: CheckpointStore, folder: Path | None) -> None:
     """Rank 0, after the save on a preemption signal: the next run in this folder resumes it
-    (local folders; on object storage the next run is told to resume instead)."""
-    if folder is None or (isinstance(store.location, str) and "://" in store.location):
-        return
-    path = Path(store.location) / PREEMPTED_MARK
-    tmp = path.with_name(path.name + ".tmp")
-    mark = {"checkpoint": Path(folder).name, "time": time.time(), "command": _command()}
-    tmp.write_text(json.dumps(mark))
-    os.replace(tmp, path)
+    (a store without marks, object storage, leaves that to ``--resume``)."""
+    if folder is not None:
+        mark = {"checkpoint": Path(folder).name, "time": time.time(), "command": _command()}
+        store.write_mark(PREEMPTED_MARK, mark)
 
 
 def clear_preempted(store: CheckpointStore) -> None:
     """Rank 0, after a resume: the preempted checkpoint has been taken up."""
-    if not (isinstance(store.location, str) and "://" in store.location):
-        with contextlib.suppress(OSError):
-            (Path(store.location) / PREEMPTED_MARK).unlink()
+    store.remove_mark(PREEMPTED_MARK)
 
 
 def _adopting(pieces: Pieces) -> Callable[[Manifest], set[str]]:
