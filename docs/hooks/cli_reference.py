@@ -3,8 +3,8 @@
 Registered under ``hooks:`` in mkdocs.yml. In ``reference/cli.md`` the line
 ``<!-- cli-reference -->`` is replaced by one section per subcommand (and per sub-subcommand,
 such as ``paratrain ckpt inspect``): its usage, its description and every argument with its
-help, choices and default, read from :func:`paratrain.commands.cli.build_parser`. Nothing here lists a
-flag, so the page cannot drift from ``paratrain COMMAND --help``.
+help, choices and default, read from :func:`paratrain.commands.cli.build_parser`. Nothing here
+lists a flag, so the page cannot drift from ``paratrain COMMAND --help``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Loaded by mkdocstrings (``extensions:`` of the python handler in mkdocs.yml). paratrain's
 docstrings name other objects the Sphinx way, ``:class:`~paratrain.errors.CheckpointError```
 or ``:meth:`Run.save```, which ``paratrain --help`` also shows as plain text
-(:func:`paratrain.commands.cli.plain`). Here they become code spans: ``CheckpointError``, ``Run.save``.
+(:func:`paratrain.commands.cli.plain`). Here they become code spans: ``CheckpointError``,
+``Run.save``.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -169,3 +170,53 @@ def test_examples_are_clean_but_the_seed_originals(capsys: pytest.CaptureFixture
         "resnet_ddp_original.py": {"PT001", "PT020"},
         "torchrun_template_original.py": {"PT001", "PT005"},
     }
+
+
+SELF_REDUCED = """\
+import torch
+import torch.distributed as dist
+
+
+def gather(values, n):
+    values = torch.stack(values)
+    dist.all_reduce(values)
+    n = torch.tensor(n)
+    dist.all_reduce(n)
+    print(values, n)
+"""
+
+
+def test_a_value_rebuilt_from_itself_is_checked_without_a_rule_failure(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """PT024 followed ``values = torch.stack(values)`` into itself (RecursionError)."""
+    script = tmp_path / "gather.py"
+    script.write_text(SELF_REDUCED)
+    code, out, err = _run([str(script)], capsys)
+    assert code == 0 and "No problems found in 1 script checked." in out and not err
+
+
+def test_a_rule_failure_is_reported_as_one_in_text_json_and_sarif(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from paratrain.commands.check import engine
+    from paratrain.commands.check.findings import Rule
+
+    def broken(tree: object, lines: object) -> Any:
+        raise RecursionError("maximum recursion depth exceeded")
+
+    rules = engine.rules_by_id()
+    rules["PT024"] = Rule("PT024", "sum-reported-as-mean", "summary", broken)
+    monkeypatch.setattr(engine, "rules_by_id", lambda: rules)
+    script = tmp_path / "gather.py"
+    script.write_text(SELF_REDUCED)
+    code, out, err = _run([str(script)], capsys)
+    assert code == 2 and "in 1 script checked (1 rule failure: see below)" in out
+    assert "could not be parsed" not in out and "PT024 could not check this script" in err
+    code, out, _ = _run([str(script), "--json"], capsys)
+    [entry] = json.loads(out)
+    assert entry["rule"] == "PT024" and entry["failure"] is True
+    code, out, _ = _run([str(script), "--sarif"], capsys)
+    [invocation] = json.loads(out)["runs"][0]["invocations"]
+    assert invocation["executionSuccessful"] is False
+    assert "PT024 could not check" in invocation["toolExecutionNotifications"][0]["message"]["text"]

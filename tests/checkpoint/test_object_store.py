@@ -260,16 +260,11 @@ def test_fresh_cannot_move_another_runs_checkpoints_on_object_storage(
     the other run's checkpoints stay where they are."""
     url = s3.url("shared")
     _train(url, tmp_path / "a", stop_at=2)
-    with pytest.raises(ConfigError, match="cannot move the checkpoints at .* aside on object"):
-        with pt.Run(
-            strategy="cpu",
-            progress=False,
-            ckpt_dir=url,
-            run_dir=tmp_path / "b",
-            previous_run="fresh",
-        ) as run:
-            net = mlp()
-            model, opt = run.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
-            run.backward(model(torch.ones(2, 6)).sum())
+    fresh = dict(ckpt_dir=url, run_dir=tmp_path / "b", previous_run="fresh")
+    refused = r"cannot move the checkpoints at .* aside on object"
+    with pytest.raises(ConfigError, match=refused), pt.Run(progress=False, **fresh) as run:
+        net = mlp()
+        model, _ = run.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
+        run.backward(model(torch.ones(2, 6)).sum())
     with pt.Run(strategy="cpu", progress=False, ckpt_dir=url, run_dir=tmp_path / "c") as run:
         assert run.latest_checkpoint() is not None and run.latest_checkpoint().step == 2

@@ -103,8 +103,8 @@ def run_check(args: argparse.Namespace) -> int:
         print(json.dumps(as_json(report), indent=2))
     else:
         print(as_text(report, {k for p in planned for k in p.fixed}))
-    for error in report.errors:
+    for error in [*report.errors, *map(str, report.failures)]:
         print(f"paratrain: error: {error}", file=sys.stderr)
-    if report.errors:
+    if report.errors or report.failures:
         return 2
     return 1 if report.findings else 0

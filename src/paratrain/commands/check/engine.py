@@ -52,6 +52,22 @@ class ScriptError(ConfigError):
 
 
 @dataclass(slots=True)
+class RuleFailure:
+    """A rule that could not check one script."""
+
+    path: str
+    rule: str
+    problem: str
+
+    def __str__(self) -> str:
+        return (
+            f"{self.path}:1:1: {self.rule} could not check this script ({self.problem}); the "
+            "other rules did. Please report it with the script, or silence it with --ignore "
+            f"{self.rule}"
+        )
+
+
+@dataclass(slots=True)
 class Report:
     """What a check found."""
 
@@ -61,6 +77,9 @@ class Report:
     """One line per script that could not be read or parsed."""
     unparsed: list[ScriptError] = field(default_factory=list)
     """The same, with the place and the problem apart."""
+    failures: list[RuleFailure] = field(default_factory=list)
+    """Rules that failed on a script they were checking (a defect of the rule, not the
+    script's: the other rules did check it)."""
     files: int = 0
     """How many scripts were checked (parsed)."""
     named: int = 0
@@ -142,11 +161,11 @@ def check_source(
     path: str,
     rules: Collection[Rule],
     siblings: Mapping[str, ast.Module] | None = None,
-    errors: list[str] | None = None,
+    failures: list[RuleFailure] | None = None,
 ) -> list[Finding]:
     """The findings of ``rules`` in one parsed script, ignore comments applied. ``siblings``:
     the other modules of its folder by name, whose functions the rules follow. A rule that
-    fails on the script is a line in ``errors`` (raised when ``errors`` is None)."""
+    fails on the script is a :class:`RuleFailure` in ``failures`` (raised when it is None)."""
     others = {name: module_facts(t) for name, t in (siblings or {}).items()}
     module_facts(tree).siblings = others  # last: the most recent entry of the facts' cache
     found: dict[tuple[str, int, int], Finding] = {}
@@ -156,13 +175,9 @@ def check_source(
                 if not ignored(finding, lines):
                     found.setdefault((r.id, finding.line, finding.col), replace(finding, path=path))
         except (RecursionError, MemoryError, Exception) as err:  # a defect here, not the script's
-            if errors is None:
+            if failures is None:
                 raise
-            errors.append(
-                f"{path}:1:1: {r.id} could not check this script ({type(err).__name__}: {err}); "
-                "the other rules did. Please report it with the script, or silence it with "
-                f"--ignore {r.id}"
-            )
+            failures.append(RuleFailure(path, r.id, f"{type(err).__name__}: {err}"))
     return list(found.values())
 
 
@@ -187,7 +202,7 @@ def check_paths(paths: Sequence[Path], select: Collection[str] | None = None) ->
         report.files += 1
         siblings = {k: v for k, v in folders[path.parent].items() if k != path.stem}
         report.findings += check_source(
-            tree, lines, path.as_posix(), rules, siblings, report.errors
+            tree, lines, path.as_posix(), rules, siblings, report.failures
         )
     report.findings.sort(key=lambda f: (f.path, f.line, f.col, f.rule))
     return report

@@ -31,7 +31,11 @@ def as_text(report: Report, fixable: Collection[tuple[str, str, int, int]] = ())
     named = max(report.named, report.files + len(report.errors))
     scripts = f"{named} script{'s' * (named != 1)}"
     unparsed = len(report.errors)
-    tail = f" ({unparsed} could not be parsed)" if unparsed else ""
+    notes = [f"{unparsed} could not be parsed"] if unparsed else []
+    if report.failures:
+        failed = len(report.failures)
+        notes.append(f"{failed} rule failure{'s' * (failed != 1)}: see below")
+    tail = f" ({'; '.join(notes)})" if notes else ""
     if report.findings:
         count = len(report.findings)
         where = len({f.path for f in report.findings})
@@ -48,7 +52,8 @@ def as_text(report: Report, fixable: Collection[tuple[str, str, int, int]] = ())
 
 def as_json(report: Report) -> list[dict[str, Any]]:
     """The findings as a list of objects (rule, path, line, col, message, fix, api), then one
-    object per script that could not be parsed, with ``"rule": null`` (as ruff does)."""
+    object per script that could not be parsed, with ``"rule": null`` (as ruff does), and one
+    per rule that failed on a script, with ``"failure": true``."""
     found = [asdict(f) for f in report.findings]
     for err in report.unparsed:
         found.append(
@@ -56,6 +61,15 @@ def as_json(report: Report) -> list[dict[str, Any]]:
                 "rule": None, "path": err.path, "line": err.line, "col": err.col,
                 "message": err.problem, "fix": "make the file valid UTF-8 Python, or leave it "
                 "out of the paths checked", "api": None,
+            }
+        )  # fmt: skip
+    for failure in report.failures:
+        found.append(
+            {
+                "rule": failure.rule, "path": failure.path, "line": 1, "col": 1,
+                "message": f"{failure.rule} could not check this script ({failure.problem})",
+                "fix": f"report it with the script, or silence it with --ignore {failure.rule}",
+                "api": None, "failure": True,
             }
         )  # fmt: skip
     return found
@@ -102,6 +116,15 @@ def as_sarif(report: Report, rules: Sequence[Rule]) -> dict[str, Any]:
             ],
         }
         for err in report.unparsed
+    ]
+    notes += [
+        {
+            "level": "error",
+            "message": {"text": f"{f.rule} could not check this script ({f.problem})"},
+            "descriptor": {"id": f.rule},
+            "locations": [{"physicalLocation": {"artifactLocation": {"uri": f.path}}}],
+        }
+        for f in report.failures
     ]
     invocation = {"executionSuccessful": not notes, "toolExecutionNotifications": notes}
     return {

@@ -49,11 +49,13 @@ def _words(node: ast.AST) -> str:
     return " ".join(last_name(n).lower() for n in ast.walk(node) if last_name(n))
 
 
-def _is_mean(facts: ModuleFacts, node: ast.expr) -> bool:
-    """A per-rank mean: ``x.mean()``, a division, a loss, ``torch.tensor(acc)``."""
+def _is_mean(facts: ModuleFacts, node: ast.expr, seen: frozenset[int] = frozenset()) -> bool:
+    """A per-rank mean: ``x.mean()``, a division, a loss, ``torch.tensor(acc)``. ``seen``: the
+    values followed so far (``values = torch.stack(values)`` refers to itself)."""
     for value in [node, *facts.values(node)]:
-        if not isinstance(value, ast.expr):
+        if not isinstance(value, ast.expr) or id(value) in seen:
             continue
+        seen = seen | {id(value)}
         if isinstance(value, ast.Call) and method(value) == "mean":
             return True
         if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Div):
@@ -65,7 +67,7 @@ def _is_mean(facts: ModuleFacts, node: ast.expr) -> bool:
         )
         first = value.args[0] if made else None  # type: ignore[attr-defined]
         parts = first.elts if isinstance(first, (ast.List, ast.Tuple)) else [first]
-        if made and parts and all(p is not None and _is_mean(facts, p) for p in parts):
+        if made and parts and all(p is not None and _is_mean(facts, p, seen) for p in parts):
             return True  # `torch.tensor(acc)`, `torch.tensor([self.avg])`
         text = _words(value) if dotted(value) or isinstance(value, ast.Call) else ""
         if any(w in text for w in MEAN_WORDS) and not any(w in text for w in SUM_WORDS):
