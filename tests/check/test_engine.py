@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from paratrain.commands.check.engine import check_paths
+from paratrain.commands.check.engine import check_paths, scripts
+from paratrain.commands.check.walk import Walk
+from paratrain.commands.cli import main
 from paratrain.errors import ConfigError
 
 BAD = "import torch\nscaler = torch.cuda.amp.GradScaler()\n"
@@ -62,3 +64,58 @@ def test_a_missing_path_is_a_config_error(tmp_path: Path) -> None:
 def test_a_folder_without_scripts_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"no \.py files"):
         check_paths([tmp_path])
+
+
+def _tree(root: Path, files: list[str], gitignore: str = "") -> None:
+    for rel in files:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text("x = 1\n")
+    if gitignore:
+        (root / ".gitignore").write_text(gitignore)
+
+
+def _checked(root: Path, report_paths: list[Path]) -> list[str]:
+    return [p.relative_to(root).as_posix() for p in report_paths]
+
+
+def test_a_folder_leaves_out_environments_builds_and_what_gitignore_ignores(
+    tmp_path: Path,
+) -> None:
+    _tree(
+        tmp_path,
+        [
+            "train.py", "pkg/model.py", "myenv/lib/site.py", "build/lib/copy.py",
+            "pkg/node_modules/x.py", "logs/run.py", "data/logs/keep.py", "out/a.py",
+            "nested/out/b.py", "notes.py", "pkg/dist/c.py", ".hidden/d.py",
+        ],
+        gitignore="# comment\n/out\nlogs/\n!nested\nnotes.py\n",
+    )  # fmt: skip
+    (tmp_path / "myenv" / "pyvenv.cfg").write_text("home = /usr\n")
+    found = scripts([tmp_path])
+    assert _checked(tmp_path, found.scripts) == ["nested/out/b.py", "pkg/model.py", "train.py"]
+    assert sorted(s.split("/")[-1] for s in found.skipped) == [
+        "build (excluded)", "dist (excluded)", "logs (.gitignore)", "logs (.gitignore)",
+        "myenv (a virtual environment)", "node_modules (excluded)", "out (.gitignore)",
+    ]  # fmt: skip
+    named = scripts([tmp_path / "build" / "lib" / "copy.py"])  # a file named is checked
+    assert named.scripts == [tmp_path / "build" / "lib" / "copy.py"]
+
+
+def test_exclude_replaces_the_defaults_and_extend_exclude_adds(tmp_path: Path) -> None:
+    _tree(tmp_path, ["train.py", "build/a.py", "legacy/old/b.py", "legacy/c.py"])
+    replaced = scripts([tmp_path], Walk(exclude=["legacy"]))
+    assert _checked(tmp_path, replaced.scripts) == ["build/a.py", "train.py"]
+    extended = scripts([tmp_path], Walk(extend_exclude=["legacy/old"]))
+    assert _checked(tmp_path, extended.scripts) == ["legacy/c.py", "train.py"]
+
+
+def test_the_report_says_what_was_not_entered(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _tree(tmp_path, ["train.py", "venv/x.py"])
+    assert main(["check", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"Not entered: {tmp_path.as_posix()}/venv (excluded)" in out
+    _tree(tmp_path / "only", ["build/a.py"])
+    with pytest.raises(ConfigError, match=r"no \.py files in .* \(not entered: .*build"):
+        scripts([tmp_path / "only"])

@@ -22,6 +22,7 @@ from pathlib import Path
 from paratrain.commands.check.engine import check_paths, rules_by_id
 from paratrain.commands.check.fixes import FIXABLE, plan, unified, write
 from paratrain.commands.check.render import as_json, as_sarif, as_text
+from paratrain.commands.check.walk import DEFAULT_EXCLUDE, Walk
 from paratrain.errors import ConfigError
 
 
@@ -43,6 +44,20 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                    help="only these rules, comma-separated (e.g. PT001,PT006)")  # fmt: skip
     p.add_argument("--ignore", default=None, metavar="IDS",
                    help="leave out these rules, comma-separated")  # fmt: skip
+    p.add_argument(
+        "--exclude",
+        default=None,
+        metavar="GLOBS",
+        help="folders and files not to enter, comma-separated globs of a name or a path "
+        f"relative to the folder named; replaces the default ({', '.join(DEFAULT_EXCLUDE)}; "
+        "dot-folders, virtual environments and .gitignore'd paths are always left out)",
+    )
+    p.add_argument(
+        "--extend-exclude",
+        default=None,
+        metavar="GLOBS",
+        help="globs left out in addition to the default ones, comma-separated",
+    )
     edit = p.add_mutually_exclusive_group()
     edit.add_argument(
         "--fix",
@@ -56,6 +71,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="print the diff --fix would make and change nothing (exit 1 if any)",
     )
     p.set_defaults(handler=run_check)
+
+
+def _globs(text: str | None) -> list[str] | None:
+    return None if text is None else [g.strip() for g in text.split(",") if g.strip()]
 
 
 def rule_ids(flag: str, text: str) -> set[str]:
@@ -81,7 +100,8 @@ def run_check(args: argparse.Namespace) -> int:
     if any(not p.strip() for p in args.paths):  # Path("") would be the current folder
         raise ConfigError("paratrain check: got an empty path. Pass a .py file or a folder.")
     paths = [Path(p) for p in args.paths]
-    report = check_paths(paths, select=chosen)
+    walk = Walk(exclude=_globs(args.exclude), extend_exclude=_globs(args.extend_exclude) or ())
+    report = check_paths(paths, select=chosen, walk=walk)
     planned = plan(report.findings)
     out = sys.stderr if args.json or args.sarif else sys.stdout  # keep the JSON parseable
     if args.diff or args.fix:
@@ -94,7 +114,7 @@ def run_check(args: argparse.Namespace) -> int:
             write(p)
         fixed = sum(len(p.fixed) for p in planned)
         print(f"Fixed {fixed} problem{'s' * (fixed != 1)} in {len(planned)} script(s).", file=out)
-        report = check_paths(paths, select=chosen)
+        report = check_paths(paths, select=chosen, walk=walk)
         planned = plan(report.findings)
     if args.sarif:
         rules = [r for r in rules_by_id().values() if r.id in chosen]

@@ -4,9 +4,11 @@
     report.findings   # sorted by path, line, column
     report.errors     # "scripts/broken.py:3:5: cannot parse: invalid syntax"
 
-A folder stands for every ``*.py`` inside it (recursively, sorted; folders whose name starts
-with a dot are skipped). A path that does not exist, or names that give no script at all, are
-a :class:`~paratrain.errors.ConfigError`: nothing is checked. A script that cannot be read or
+A folder stands for every ``*.py`` inside it (recursively, sorted), minus the folders of tools and
+environments (:mod:`paratrain.commands.check.walk`: dot-folders, virtual environments, ``build``,
+``dist``, ``site-packages``, ..., and what its ``.gitignore`` ignores). A path that does not
+exist, or names that give no script at all, are a :class:`~paratrain.errors.ConfigError`: nothing
+is checked. A script that cannot be read or
 parsed (not UTF-8, a syntax error) is an *error line* instead: the other scripts are still
 checked and the command exits 2.
 
@@ -34,6 +36,7 @@ from paratrain.commands.check import (
 )
 from paratrain.commands.check.findings import RULES, Finding, Rule
 from paratrain.commands.check.patterns import module_facts
+from paratrain.commands.check.walk import Found, Walk
 from paratrain.errors import ConfigError
 
 RULE_MODULES = (
@@ -84,6 +87,8 @@ class Report:
     """How many scripts were checked (parsed)."""
     named: int = 0
     """How many scripts the paths named (checked, or not parsed: see ``errors``)."""
+    skipped: list[str] = field(default_factory=list)
+    """Folders not entered, each with why (``venv (a virtual environment)``)."""
 
 
 def rules_by_id() -> dict[str, Rule]:
@@ -91,9 +96,11 @@ def rules_by_id() -> dict[str, Rule]:
     return {r.id: r for r in sorted(RULES, key=lambda r: r.id)}
 
 
-def scripts(paths: Sequence[Path]) -> list[Path]:
-    """The files named, and the ``*.py`` files inside the folders named."""
-    found: list[Path] = []
+def scripts(paths: Sequence[Path], walk: Walk | None = None) -> Found:
+    """The files named, and the ``*.py`` files inside the folders named (see
+    :mod:`paratrain.commands.check.walk` for what a folder leaves out)."""
+    walk = walk or Walk()
+    found = Found()
     for path in paths:
         try:
             is_dir, exists = path.is_dir(), path.exists()
@@ -105,18 +112,19 @@ def scripts(paths: Sequence[Path]) -> list[Path]:
                 "of them."
             )
         if not is_dir:
-            found.append(path)
+            found.scripts.append(path)
             continue
-        inside = (p for p in path.rglob("*.py") if p.is_file())
-        found += sorted(p for p in inside if not _hidden(p.relative_to(path)))
-    if not found:
+        inside = walk.folder(path)
+        found.scripts += inside.scripts
+        found.skipped += [f"{path.as_posix().rstrip('/')}/{s}" for s in inside.skipped]
+    if not found.scripts:
         named = ", ".join(str(p) for p in paths)
-        raise ConfigError(f"paratrain check: no .py files in {named}. Pass scripts or folders.")
+        raise ConfigError(
+            f"paratrain check: no .py files in {named}"
+            + (f" (not entered: {', '.join(found.skipped)})" if found.skipped else "")
+            + ". Pass scripts or folders; --exclude changes what folders leave out."
+        )
     return found
-
-
-def _hidden(relative: Path) -> bool:
-    return any(part.startswith(".") for part in relative.parts[:-1])
 
 
 def parse(path: Path) -> tuple[ast.Module, list[str]]:
@@ -181,13 +189,18 @@ def check_source(
     return list(found.values())
 
 
-def check_paths(paths: Sequence[Path], select: Collection[str] | None = None) -> Report:
-    """Check every script under ``paths`` with the rules in ``select`` (default: all)."""
+def check_paths(
+    paths: Sequence[Path], select: Collection[str] | None = None, walk: Walk | None = None
+) -> Report:
+    """Check every script under ``paths`` with the rules in ``select`` (default: all);
+    ``walk``: what folders leave out (default: :class:`Walk` defaults)."""
     assert RULE_MODULES  # importing them registered the rules
     rules = [r for r in rules_by_id().values() if select is None or r.id in select]
     report = Report()
     parsed: dict[Path, tuple[ast.Module, list[str]]] = {}
-    named = list(dict.fromkeys(scripts(paths)))  # a script named twice is checked once
+    found = scripts(paths, walk)
+    report.skipped = found.skipped
+    named = list(dict.fromkeys(found.scripts))  # a script named twice is checked once
     report.named = len(named)
     for path in named:
         try:

@@ -47,6 +47,9 @@ def as_text(report: Report, fixable: Collection[tuple[str, str, int, int]] = ())
             out.append(f"[*] {marked} fixable with --fix (see them first with --diff).")
     else:
         out.append(f"No problems found in {scripts} checked{tail}.")
+    if report.skipped:
+        shown = ", ".join(report.skipped[:8]) + (" ..." if len(report.skipped) > 8 else "")
+        out.append(f"Not entered: {shown} (--exclude, --extend-exclude to change).")
     return "\n".join(out)
 
 
