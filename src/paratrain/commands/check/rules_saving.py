@@ -347,7 +347,10 @@ def load_unsafe(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
                 call,
                 message="torch.load without weights_only: before torch 2.6 it unpickles any "
                 "object (a file can run code), from 2.6 on the same line refuses such files",
-                fix="torch.load(path, map_location=..., weights_only=True)",
+                fix="torch.load(path, map_location=..., weights_only=True); a checkpoint that "
+                "also holds other objects (an argparse.Namespace of the run's arguments) loads "
+                "with them allowed: torch.serialization.add_safe_globals([argparse.Namespace]) "
+                "first, or weights_only=False for a file you trust",
                 api="run.resume() (restores model, optimizer and loop state)",
             )
 
