@@ -76,6 +76,9 @@ def test_exit_codes_are_the_ranks_own_and_never_a_usage_error() -> None:
     assert exit_status(1, RankExit(1, 1, -9)) == 137
     assert exit_status(2, RankExit(0, 0, 2)) == 1  # a rank's own usage error is the job's failure
     assert exit_status(2, None) == 1 and exit_status(7, None) == 7
+    # a rank that raised and was then stopped by torchrun (SIGTERM) failed with its exception
+    assert exit_status(1, RankExit(0, 0, -15), raised={0}) == 1
+    assert exit_status(1, RankExit(0, 0, -15), raised={1}) == 143
 
 
 def test_the_message_names_what_the_rank_raised_and_advises_by_cause() -> None:

@@ -192,4 +192,4 @@ def run_command(args: argparse.Namespace) -> int:
         tracebacks=ranks.own,
         unprefixed=ranks.unprefixed,
     )
-    raise JobFailedError(text, exit_code=exit_status(code, root_failure(output)))
+    raise JobFailedError(text, exit_code=exit_status(code, root_failure(output), ranks.own))

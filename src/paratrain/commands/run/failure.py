@@ -15,6 +15,7 @@ import json
 import re
 import signal
 import sysconfig
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,12 +85,16 @@ def _only_lost_its_peer(output: str, rank: int) -> bool:
     return any(lost_a_peer(line) for line in lines)
 
 
-def exit_status(code: int, failed: RankExit | None) -> int:
+def exit_status(code: int, failed: RankExit | None, raised: Collection[int] = ()) -> int:
     """The exit code of ``paratrain run`` for a failed job: the failed rank's own code, 128 + the
-    signal that killed it, else torchrun's; never 0, and never 2 (a usage error)."""
+    signal that killed it, else torchrun's; never 0, and never 2 (a usage error). A rank in
+    ``raised`` (its traceback was shown) that torchrun then stopped with SIGTERM while it was
+    exiting failed with its exception: 1."""
     if failed is not None:
         sig = failed.signal
         code = 128 + sig.value if sig else failed.exitcode
+        if sig == signal.SIGTERM and failed.rank in raised:
+            code = 1
     if code in (0, 2) or not 0 < code < 256:
         return 1
     return code
