@@ -27,7 +27,12 @@ def test_port_with_a_restart_matches_the_original(tmp_path: Path) -> None:
          str(HERE / "ddp_tutorial_original.py"), *ARGS, "--out", str(tmp_path / "original.pt")],
         cwd=tmp_path, capture_output=True, text=True, timeout=300, env=_env(),
     )  # fmt: skip
-    assert original.returncode == 0, original.stderr[-3000:]
+    # The tutorial's rank 1 calls destroy_process_group while rank 0 still saves; on a busy
+    # machine gloo then aborts rank 1 at exit ("terminate called without an active exception").
+    # Its weights are written before that, by rank 0: that exit alone is tolerated.
+    teardown = "terminate called without an active exception" in original.stderr
+    assert original.returncode == 0 or teardown, original.stderr[-3000:]
+    assert (tmp_path / "original.pt").exists(), original.stderr[-3000:]
     port = subprocess.run(
         [sys.executable, "-m", "paratrain", "run", "--nproc", "2", "--max-restarts", "1",
          "--run-dir", str(tmp_path / "run"), str(HERE / "ddp_tutorial_paratrain.py"), *ARGS,
