@@ -33,7 +33,8 @@ RELEASE_TIMEOUT_S = 900
 
 def defined_version() -> str:
     """The version as ``src/paratrain/core/version.py`` defines it, the one place it is written."""
-    tree = ast.parse((ROOT / "src" / "paratrain" / "core" / "version.py").read_text(encoding="utf-8"))
+    source = ROOT / "src" / "paratrain" / "core" / "version.py"
+    tree = ast.parse(source.read_text(encoding="utf-8"))
     for node in tree.body:
         if isinstance(node, ast.Assign) and [getattr(t, "id", "") for t in node.targets] == [
             "__version__"
