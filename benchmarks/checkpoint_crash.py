@@ -53,7 +53,7 @@ def _interrupted(store: CheckpointStore, root: Path) -> bool:
     in part (no manifest.json in either)."""
     if not isinstance(store, RemoteStore):
         return any(root.glob(".tmp-*"))
-    objects = store.remote.objects()
+    objects = store.storage.list()
     folders = {rel.split("/", 1)[0] for rel in objects if "/" in rel}
     committed = {rel.split("/", 1)[0] for rel in objects if rel.count("/") == 1 and
                  rel.endswith("/manifest.json")}  # fmt: skip

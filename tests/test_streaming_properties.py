@@ -12,9 +12,13 @@ the later epochs use lengths whose shares are equal, so nothing is lost there.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from hypothesis import Phase, assume, example, given, settings
@@ -36,6 +40,18 @@ class Case:
     """(ranks, workers) of the resumed run."""
     batch: int
     stop_at: int
+
+
+@contextlib.contextmanager
+def stacks_on_failure(root: str) -> Iterator[None]:
+    """Print what the hang watchdog wrote (every thread's stack) when a rank fails, before the
+    temporary folder goes: a stall then shows where each thread waited."""
+    try:
+        yield
+    except Exception:
+        for path in sorted(Path(root, "stacks").glob("rank*.txt")):
+            print(f"--- {path.name}\n{path.read_text()}", file=sys.stderr)
+        raise
 
 
 def _steps(n: int, ranks: int, workers: int, batch: int) -> int:
@@ -71,8 +87,9 @@ def test_a_stream_resumed_on_another_layout_sees_each_example_once(case: Case) -
         resumed = functools.partial(
             train_on_stream, epochs=EPOCHS, batch_size=case.batch, workers=case.after[1]
         )
-        first = run_distributed(stopped, case.before[0], source, root)
-        rest = run_distributed(resumed, case.after[0], source, root)
+        with stacks_on_failure(root):
+            first = run_distributed(stopped, case.before[0], source, root)
+            rest = run_distributed(resumed, case.after[0], source, root)
     seen: dict[int, list[int]] = {e: [] for e in range(EPOCHS)}
     for run in (*first, *rest):
         for epoch, ids in zip(run["epochs"], run["seen"], strict=True):

@@ -31,9 +31,10 @@ from paratrain.checkpoint.loading import (
     strip_wrappers,
 )
 from paratrain.checkpoint.manifest import MANIFEST, Manifest
-from paratrain.checkpoint.object_storage import RemoteFolder, fetched, is_url, relabel
+from paratrain.checkpoint.object_storage import fetched, is_url, relabel
 from paratrain.checkpoint.restore import load_trainer
 from paratrain.checkpoint.safetensors_io import write_safetensors
+from paratrain.checkpoint.storage import open_storage, url_of
 from paratrain.checkpoint.store import PREFIX
 from paratrain.core.paths import check_new, existing
 from paratrain.errors import CheckpointError
@@ -59,12 +60,12 @@ def _checkpoints_in(path: Path) -> list[Path]:
 
 def _remote_checkpoints_in(url: str) -> list[str]:
     """URLs of the ``step-*`` folders at ``url``, newest name first ([]: not such a folder)."""
-    folder = RemoteFolder.open(url, what="The checkpoint URL", error=CheckpointError)
-    objects = folder.objects()
+    storage = open_storage(url, what="The checkpoint URL", error=CheckpointError)
+    objects = storage.list()
     if MANIFEST in objects:
         return []
     names = {rel.split("/", 1)[0] for rel in objects if "/" in rel and rel.startswith(PREFIX)}
-    return [folder.url_of(name) for name in sorted(names, reverse=True)]
+    return [url_of(storage, name) for name in sorted(names, reverse=True)]
 
 
 def inspect(path: str | Path, *, trust: bool = False) -> dict[str, Any]:

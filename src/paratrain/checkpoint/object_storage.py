@@ -1,13 +1,14 @@
-"""Folders at a URL (``s3://bucket/run1``, any fsspec file system): list, upload, download and
-delete objects, with errors that name the fix.
+"""Folders at a URL (``s3://bucket/run1``, any fsspec file system) as checkpoint storage: the
+:class:`~paratrain.checkpoint.storage.Storage` backend of every URL without one of its own, with
+errors that name the fix.
 
     check_url("s3://bucket/run1", "ckpt_dir")            # ConfigError now: no s3fs, bad protocol
-    folder = RemoteFolder.open("s3://bucket/run1", {"endpoint_url": "http://127.0.0.1:9000"})
-    folder.probe()                       # ConfigError unless it can write, list and delete there
-    folder.objects("step-00000010")      # {"manifest.json": Entry(size=..., ...), "dcp/...": ...}
-    folder.upload([(Path("staging/step-00000010/trainer.pt"), "step-00000010/trainer.pt")])
-    folder.download([("step-00000010/trainer.pt", Path("copy/trainer.pt"))])
-    folder.remove(["step-00000010/manifest.json"])
+    storage = FsspecStorage.open("s3://bucket/run1", {"endpoint_url": "http://127.0.0.1:9000"})
+    storage.probe()                      # ConfigError unless it can write, list and delete there
+    storage.list("step-00000010")        # {"manifest.json": Entry(size=..., ...), "dcp/...": ...}
+    storage.put([(Path("staging/step-00000010/trainer.pt"), "step-00000010/trainer.pt")])
+    storage.get("step-00000010/trainer.pt", start=0, end=8)
+    storage.delete(["step-00000010/manifest.json"])
     with fetched("s3://bucket/run1/step-00000010") as local:   # a local copy, removed after
         read_state_dict(local)
 
@@ -24,12 +25,19 @@ import datetime
 import re
 import tempfile
 import uuid
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
 
 from paratrain.checkpoint.formats import describe
+from paratrain.checkpoint.storage import (
+    Entry,
+    Source,
+    fetch_all,
+    open_storage,
+    registered,
+    url_of,
+)
 from paratrain.core.paths import URL as _URL
 from paratrain.core.paths import is_url as is_url  # where the checkpoint modules look
 from paratrain.errors import CheckpointError, ConfigError, ParatrainError, StorageError
@@ -61,6 +69,8 @@ def check_url(url: str, what: str, error: type[ParatrainError] = ConfigError) ->
             f"{' (three slashes after the protocol)' if rest.startswith('/') else ''}. Pass e.g. "
             f"{what}='{protocol}://my-bucket/run1'."
         )
+    if registered(url):  # a backend of paratrain's own: opening it checks the rest
+        return
     try:
         import fsspec
     except ImportError:
@@ -83,17 +93,9 @@ def check_url(url: str, what: str, error: type[ParatrainError] = ConfigError) ->
         raise error(f"{what} {url!r} needs the package for {protocol}://: {hint}.") from None
 
 
-@dataclass(frozen=True)
-class Entry:
-    """One object: its size, and what changes when it is rewritten (ETag, time)."""
-
-    size: int
-    modified: float
-    tag: str
-
-
-class RemoteFolder:
-    """One folder at a URL, through fsspec. Every failure is a :class:`StorageError` (or the
+class FsspecStorage:
+    """One folder at a URL, through fsspec: the :class:`~paratrain.checkpoint.storage.Storage`
+    of every URL without a backend of its own. Every failure is a :class:`StorageError` (or the
     ``error`` given to :meth:`open`) that names the URL, the operation and the likely fix."""
 
     def __init__(self, fs: Any, root: str, url: str) -> None:
@@ -111,7 +113,7 @@ class RemoteFolder:
         *,
         what: str = "ckpt_dir",
         error: type[ParatrainError] = ConfigError,
-    ) -> RemoteFolder:
+    ) -> FsspecStorage:
         """The folder at ``url``; ``options`` go to ``fsspec.url_to_fs``."""
         check_url(url, what, error)
         import fsspec
@@ -127,11 +129,7 @@ class RemoteFolder:
         return cls(fs, root, url)
 
     def __repr__(self) -> str:
-        return f"RemoteFolder({self.url!r})"
-
-    def url_of(self, rel: str) -> str:
-        """The URL of ``rel`` inside this folder."""
-        return f"{self.url}/{rel}" if rel else self.url
+        return f"FsspecStorage({self.url!r})"
 
     def _path(self, rel: str) -> str:
         return f"{self.root}/{rel}" if rel else self.root
@@ -145,7 +143,7 @@ class RemoteFolder:
             self.fs.invalidate_cache()
             return fn()
         except Exception as err:  # fsspec, botocore and aiohttp raise their own kinds
-            raise error(explain(err, f"{action} {self.url_of(rel)}", self.url)) from None
+            raise error(explain(err, f"{action} {url_of(self, rel)}", self.url)) from None
 
     def probe(self) -> None:
         """ConfigError unless a small object can be written, listed and deleted here."""
@@ -161,7 +159,7 @@ class RemoteFolder:
         doing = "writing, listing and deleting a test object in"
         self._call(write_list_delete, doing, "", ConfigError)
 
-    def objects(self, under: str = "") -> dict[str, Entry]:
+    def list(self, under: str = "") -> dict[str, Entry]:
         """Every object below ``under`` (all of them by default), by path relative to it."""
         base = self._path(under)
         found = self._call(lambda: self.fs.find(base, detail=True), "listing", under)
@@ -176,7 +174,18 @@ class RemoteFolder:
                 out[key[len(base) + 1 :]] = _entry(info)
         return out
 
-    def read(self, rels: list[str]) -> dict[str, bytes | None]:
+    def get(self, key: str, *, start: int = 0, end: int | None = None) -> bytes | None:
+        """Bytes ``[start, end)`` of one object; None when it does not exist."""
+
+        def cat() -> bytes | None:
+            try:
+                return bytes(self.fs.cat_file(self._path(key), start=start, end=end))
+            except FileNotFoundError:
+                return None
+
+        return self._call(cat, "reading", key)
+
+    def read_many(self, rels: Sequence[str]) -> dict[str, bytes | None]:
         """The bytes of each object (None where it does not exist), read concurrently."""
         if not rels:
             return {}
@@ -188,31 +197,38 @@ class RemoteFolder:
             if isinstance(value, FileNotFoundError):
                 out[rel] = None
             elif isinstance(value, BaseException):
-                raise StorageError(explain(value, f"reading {self.url_of(rel)}", self.url))
+                raise StorageError(explain(value, f"reading {url_of(self, rel)}", self.url))
             else:
                 out[rel] = bytes(value)
         return out
 
-    def upload(self, pairs: list[tuple[Path, str]]) -> None:
-        """Copy each local file to its path here, concurrently (large files in parts)."""
-        if not pairs:
+    def put(self, items: Sequence[tuple[Source, str]]) -> None:
+        """Copy each local file or bytes to its key, concurrently (large files in parts)."""
+        if not items:
             return
-        lpaths, rpaths = [str(local) for local, _ in pairs], [self._path(r) for _, r in pairs]
+        files = [(str(src), self._path(key)) for src, key in items if not isinstance(src, bytes)]
+        data = {self._path(key): src for src, key in items if isinstance(src, bytes)}
 
         def put() -> None:
             if not self.flat:
-                for parent in sorted({str(PurePosixPath(r).parent) for r in rpaths}):
+                keys = [r for _, r in files] + list(data)
+                for parent in sorted({str(PurePosixPath(r).parent) for r in keys}):
                     self.fs.makedirs(parent, exist_ok=True)
-            self.fs.put(lpaths, rpaths)
+            if files:
+                self.fs.put([lp for lp, _ in files], [rp for _, rp in files])
+            if data:
+                self.fs.pipe(data)
 
-        self._call(put, "uploading to", pairs[0][1] if len(pairs) == 1 else "")
+        self._call(put, "uploading to", items[0][1] if len(items) == 1 else "")
 
-    def download(self, pairs: list[tuple[str, Path]]) -> None:
+    def commit(self, key: str, data: bytes) -> None:
+        """Write ``key`` last: a PUT of one object is atomic on object stores."""
+        self.put([(data, key)])
+
+    def download_many(self, pairs: Sequence[tuple[str, Path]]) -> None:
         """Copy each object to its local path, concurrently."""
         if not pairs:
             return
-        for _, local in pairs:
-            local.parent.mkdir(parents=True, exist_ok=True)
         rpaths, lpaths = [self._path(r) for r, _ in pairs], [str(local) for _, local in pairs]
         self._call(
             lambda: self.fs.get(rpaths, lpaths),
@@ -220,27 +236,21 @@ class RemoteFolder:
             pairs[0][0] if len(pairs) == 1 else "",
         )
 
-    def remove(self, rels: list[str], *, recursive: bool = False) -> None:
+    def delete(self, keys: Iterable[str], *, recursive: bool = False) -> None:
         """Delete objects (with ``recursive``, everything below each path); missing is fine."""
+        rels = list(keys)
         paths = [self._path(rel) for rel in rels]
 
         def rm() -> None:
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 self.fs.rm(paths, recursive=recursive)
+            except FileNotFoundError:  # some file systems stop at the first missing path
+                for path in paths:
+                    with contextlib.suppress(FileNotFoundError):
+                        self.fs.rm(path, recursive=recursive)
 
         if paths:
             self._call(rm, "deleting", rels[0] if len(rels) == 1 else "")
-
-    def fetch_all(self, local: Path) -> None:
-        """Copy this folder (every object below it), or the single object at its URL, to
-        ``local``; CheckpointError when nothing is there."""
-        objects = self.objects()
-        if not objects:
-            raise CheckpointError(f"{self.url} does not exist (no object there). Check the URL.")
-        if list(objects) == [""]:  # the URL names one object
-            self.download([("", local)])
-            return
-        self.download([(rel, local / rel) for rel in objects if rel])
 
 
 def _entry(info: Mapping[str, Any]) -> Entry:
@@ -294,14 +304,15 @@ def _bucket(url: str) -> str:
 def fetched(url: str, options: Mapping[str, Any] | None = None) -> Iterator[Path]:
     """A local copy of the file or folder at ``url`` in a temporary folder, removed afterwards.
     A ParatrainError raised inside names ``url`` instead of the copy."""
-    folder = RemoteFolder.open(url, options, what="The checkpoint URL", error=CheckpointError)
+    storage = open_storage(url, options, what="The checkpoint URL", error=CheckpointError)
     with tempfile.TemporaryDirectory(prefix="paratrain-fetch-") as tmp:
-        local = Path(tmp) / (PurePosixPath(folder.root).name or "checkpoint")
-        folder.fetch_all(local)
+        name = PurePosixPath(storage.url.split("://", 1)[-1]).name
+        local = Path(tmp) / (name or "checkpoint")
+        fetch_all(storage, local)
         try:
             yield local
         except ParatrainError as err:
-            raise type(err)(str(err).replace(str(local), folder.url)) from None
+            raise type(err)(str(err).replace(str(local), storage.url)) from None
 
 
 def relabel(value: T, local: Path, url: str) -> T:

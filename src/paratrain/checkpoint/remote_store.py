@@ -1,5 +1,6 @@
-"""Checkpoints on object storage (``ckpt_dir="s3://bucket/run1"``, any fsspec URL): the local
-store's crash-safe save into a staging folder, then an upload whose last object is the manifest.
+"""Checkpoints on object storage (``ckpt_dir="s3://bucket/run1"``, any URL with a
+:class:`~paratrain.checkpoint.storage.Storage` backend): the local store's crash-safe save into a
+staging folder, then an upload whose last object, committed, is the manifest.
 
     store = open_store("s3://bucket/run1", staging=Path("runs/exp/.ckpt-staging"), ...)
     store.check_writable()        # collective: ConfigError on every rank unless rank 0 can write
@@ -44,8 +45,16 @@ from paratrain.checkpoint.manifest import (
     Manifest,
     manifest_checksum,
 )
-from paratrain.checkpoint.object_storage import Entry, RemoteFolder, is_url
+from paratrain.checkpoint.object_storage import is_url
 from paratrain.checkpoint.restore import Staged
+from paratrain.checkpoint.storage import (
+    Entry,
+    Storage,
+    download,
+    open_storage,
+    read_objects,
+    url_of,
+)
 from paratrain.checkpoint.store import PREFIX, CheckpointStore, distributed
 from paratrain.errors import (
     CheckpointDamagedError,
@@ -68,9 +77,8 @@ def open_store(
 ) -> CheckpointStore:
     """The store for ``location``: a folder, or a URL (then ``staging`` holds local copies)."""
     if is_url(location):
-        remote = RemoteFolder.open(str(location), storage_options)
         return RemoteStore(
-            remote,
+            open_storage(str(location), storage_options),
             staging=staging,
             keep_last=keep_last,
             check_timeout_s=check_timeout_s,
@@ -87,7 +95,7 @@ class RemoteStore(CheckpointStore):
 
     def __init__(
         self,
-        remote: RemoteFolder,
+        storage: Storage,
         *,
         staging: Path,
         keep_last: int | None,
@@ -98,7 +106,7 @@ class RemoteStore(CheckpointStore):
         super().__init__(
             staging / _node(), keep_last=keep_last, check_timeout_s=check_timeout_s, warn=warn
         )
-        self.remote = remote
+        self.storage = storage
         self.say = say
         self._leader: bool | None = None
         self._newest: str | None = None
@@ -114,14 +122,14 @@ class RemoteStore(CheckpointStore):
 
     def __repr__(self) -> str:
         return (
-            f"RemoteStore({self.remote.url!r}, keep_last={self.keep_last}, "
+            f"RemoteStore({self.storage.url!r}, keep_last={self.keep_last}, "
             f"staging={str(self.directory)!r})"
         )
 
     @property
     def location(self) -> str:
         """The URL of the checkpoints."""
-        return self.remote.url
+        return self.storage.url
 
     def check_writable(self) -> None:
         """Collective: ConfigError on every rank unless rank 0 can write, list and delete at
@@ -129,9 +137,9 @@ class RemoteStore(CheckpointStore):
         problem = None
         if _rank() == 0:
             try:
-                self.remote.probe()
+                self.storage.probe()
             except ConfigError as err:
-                problem = f"ckpt_dir {self.remote.url!r} cannot be used: {err}"
+                problem = f"ckpt_dir {self.storage.url!r} cannot be used: {err}"
         problem = _from_rank0(problem)
         if problem:
             raise ConfigError(problem)
@@ -175,10 +183,10 @@ class RemoteStore(CheckpointStore):
 
     def _new_folder(self, step: int) -> tuple[str, str]:
         """Rank 0: (name, temporary name) of a new save; leftovers of interrupted saves go."""
-        folders = _by_folder(self.remote.objects())
+        folders = _by_folder(self.storage.list())
         self._tidy()
         leftovers = [n for n, files in folders.items() if MANIFEST not in files]
-        self.remote.remove(leftovers, recursive=True)  # interrupted uploads or deletions
+        self.storage.delete(leftovers, recursive=True)  # interrupted uploads or deletions
         name, k = f"{PREFIX}{step:08d}", 1
         while name in folders or (self.directory / name).exists():
             name, k = f"{PREFIX}{step:08d}.{k}", k + 1  # newer wins, as on a local disk
@@ -189,7 +197,7 @@ class RemoteStore(CheckpointStore):
     def _publish_shards(self, tmp: Path, final: Path, written: Mapping[str, Any]) -> str | None:
         pairs = [(tmp / "dcp" / rel, f"{final.name}/dcp/{rel}") for rel in written]
         try:
-            self.remote.upload(pairs)
+            self.storage.put(pairs)
         except StorageError as err:
             return f"{err} The checkpoint was not committed; earlier ones are intact."
         return None
@@ -197,10 +205,10 @@ class RemoteStore(CheckpointStore):
     def _committed(self, final: Path, manifest: Manifest, published: set[str]) -> None:
         rest = [name for name in manifest.files if name not in published]
         try:
-            self.remote.upload([(final / name, f"{final.name}/{name}") for name in rest])
+            self.storage.put([(final / name, f"{final.name}/{name}") for name in rest])
             # The checksum file first: whoever sees manifest.json (the commit point) sees both.
-            for name in (MANIFEST_CHECKSUM, MANIFEST):
-                self.remote.upload([(final / name, f"{final.name}/{name}")])
+            self.storage.put([(final / MANIFEST_CHECKSUM, f"{final.name}/{MANIFEST_CHECKSUM}")])
+            self.storage.commit(f"{final.name}/{MANIFEST}", (final / MANIFEST).read_bytes())
         except StorageError as err:
             raise StorageError(
                 f"{err} The checkpoint was not committed; earlier ones are intact."
@@ -221,7 +229,7 @@ class RemoteStore(CheckpointStore):
         doomed = [name for name in own[max(self.keep_last, 1) :] if name != keep]
         if not doomed:
             return
-        self.remote.remove([f"{name}/{MANIFEST}" for name in doomed])
+        self.storage.delete([f"{name}/{MANIFEST}" for name in doomed])
         self._deleting = threading.Thread(
             target=self._remove_quietly, args=(doomed,), name="paratrain-rotate", daemon=False
         )
@@ -229,7 +237,7 @@ class RemoteStore(CheckpointStore):
 
     def _remove_quietly(self, names: list[str]) -> None:
         try:
-            self.remote.remove(names, recursive=True)
+            self.storage.delete(names, recursive=True)
         except StorageError as err:
             self.warn(f"{err} The next save removes what is left.")
 
@@ -256,7 +264,7 @@ class RemoteStore(CheckpointStore):
     def _listed(self) -> list[tuple[Path, Manifest | None]]:
         """Committed checkpoints (a ``manifest.json`` present) with their manifests (None:
         unreadable), newest save first; each path is the folder's place in staging."""
-        folders = _by_folder(self.remote.objects())
+        folders = _by_folder(self.storage.list())
         committed = {n: files[MANIFEST] for n, files in folders.items() if MANIFEST in files}
         self._read_manifests(committed)
         found = []
@@ -272,7 +280,8 @@ class RemoteStore(CheckpointStore):
     def _read_manifests(self, committed: dict[str, Entry]) -> None:
         """Read and parse the manifests not read before (or rewritten since)."""
         stale = [n for n, entry in committed.items() if self._manifests.get(n, (None,))[0] != entry]
-        got = self.remote.read([f"{n}/{f}" for n in stale for f in (MANIFEST, MANIFEST_CHECKSUM)])
+        keys = [f"{n}/{f}" for n in stale for f in (MANIFEST, MANIFEST_CHECKSUM)]
+        got = read_objects(self.storage, keys)
         for name in stale:
             text = got[f"{name}/{MANIFEST}"]
             if text is None:
@@ -282,8 +291,8 @@ class RemoteStore(CheckpointStore):
                 parsed: Manifest | str = Manifest.parse(
                     text,
                     got[f"{name}/{MANIFEST_CHECKSUM}"],
-                    where=self.remote.url_of(f"{name}/{MANIFEST}"),
-                    folder=self.remote.url_of(name),
+                    where=url_of(self.storage, f"{name}/{MANIFEST}"),
+                    folder=url_of(self.storage, name),
                 )
             except CheckpointError as err:
                 parsed = str(err)
@@ -294,7 +303,7 @@ class RemoteStore(CheckpointStore):
         found = []
         for folder, manifest in self._listed():
             if manifest is None:
-                self.warn(f"skipping {self.remote.url_of(folder.name)}: {self._problem(folder)}")
+                self.warn(f"skipping {url_of(self.storage, folder.name)}: {self._problem(folder)}")
             else:
                 found.append((folder, manifest))
         return found
@@ -309,7 +318,7 @@ class RemoteStore(CheckpointStore):
             try:
                 return self._fetch(folder.name, manifest), manifest
             except CheckpointDamagedError as err:
-                self.warn(f"skipping {self.remote.url_of(folder.name)}: {err}")
+                self.warn(f"skipping {url_of(self.storage, folder.name)}: {err}")
         return None
 
     def read(  # type: ignore[override]
@@ -346,8 +355,8 @@ class RemoteStore(CheckpointStore):
 
     def _download(self, name: str, manifest: Manifest, local: Path) -> None:
         """Download into a temporary folder, verify every file, then rename it to ``local``."""
-        where = self.remote.url_of(name)
-        objects = self.remote.objects(name)
+        where = url_of(self.storage, name)
+        objects = self.storage.list(name)
         problems = [
             f"{rel} is missing"
             if rel not in objects
@@ -360,7 +369,7 @@ class RemoteStore(CheckpointStore):
         started = time.monotonic()
         tmp = self.directory / f".tmp-fetch-{name}-{os.getpid()}-{time.time_ns()}"
         try:
-            self.remote.download([(f"{name}/{rel}", tmp / rel) for rel in manifest.files])
+            download(self.storage, [(f"{name}/{rel}", tmp / rel) for rel in manifest.files])
             text = manifest.to_json().encode()
             (tmp / MANIFEST).write_bytes(text)
             (tmp / MANIFEST_CHECKSUM).write_bytes(manifest_checksum(text))

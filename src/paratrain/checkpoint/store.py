@@ -1,7 +1,9 @@
 """Checkpoint folders on disk: crash-safe commit, verification, rotation.
 
     store = CheckpointStore(Path("runs/exp/checkpoints"), keep_last=3)
-    store.save(request)              # collective; new temp folder -> fsync -> manifest -> rename
+    store.begin()                    # collective: every rank reached the save
+    store.save(SaveRequest(states=..., trainer=..., manifest=..., sharded=False))
+                                     # new temp folder -> fsync -> manifest -> rename
     found = store.latest_valid()     # newest save whose manifest and checksums verify
     staged = store.read(folder, manifest)          # every file verified once
     load_unit(staged, "model", target, [optimizer], trainer=staged.trainer())  # restore.py
@@ -38,13 +40,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.distributed.checkpoint.state_dict_saver import async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.tensor import DTensor
-from torch.optim import Optimizer
 
-from paratrain.checkpoint import state as st
 from paratrain.checkpoint.dcp_io import RecordingWriter
 from paratrain.checkpoint.durable_writes import fsync_dir, in_parallel, write_files_blocked
 from paratrain.checkpoint.manifest import (
@@ -58,6 +57,7 @@ from paratrain.checkpoint.restore import Staged, read_checkpoint, stems
 from paratrain.checkpoint.safetensors_io import (
     safetensors_chunks,
 )
+from paratrain.checkpoint.state import flatten_optimizer
 from paratrain.checkpoint.verified_reads import (
     BLOCK_BYTES,
     checksum_file,
@@ -70,17 +70,16 @@ PREFIX = "step-"
 
 @dataclass(kw_only=True)
 class SaveRequest:
-    """What one save writes."""
+    """What one save writes: plain state, already collected (the store gathers nothing)."""
 
-    units: list[tuple[str, nn.Module, list[Optimizer]]]
-    """(name, unwrapped model, its optimizers) for every model."""
+    states: dict[str, tuple[dict[str, Any], dict[str, Any]]]
+    """Model name -> (its state dict, its optimizers' state dict): whole tensors on rank 0 when
+    not ``sharded``, else this rank's shards (DTensors), which every rank writes."""
     trainer: dict[str, Any]
-    """Plain data: loop, loaders, schedulers, scaler, extras, and this rank's RNG states under
-    ``"rng"``, which the store gathers from every rank (rank ``r``'s at index ``r``)."""
+    """Plain data: loop, loaders, schedulers, scaler, extras, per-rank objects, and every rank's
+    random generator states under ``"rng"`` (rank ``r``'s at index ``r``)."""
     manifest: Manifest
     sharded: bool
-    gather: Callable[[], dict[str, Any]] | None = None
-    """Collective: more trainer entries, made once every rank is known to be saving."""
 
 
 @dataclass
@@ -167,25 +166,21 @@ class CheckpointStore:
         with contextlib.suppress(OSError):
             (self.directory / name).unlink()
 
-    def save(self, request: SaveRequest, *, background: bool = False) -> Path | None:
-        """Write and commit a checkpoint (collective). Returns its folder (None if skipped)."""
+    def begin(self) -> None:
+        """Collective, before the caller collects what to save: wait for an earlier background
+        save, and refuse a save that not every rank reached (CheckpointError)."""
         self.wait()
         self.check_every_rank_called()
-        if request.gather is not None:
-            request.trainer.update(request.gather())
+
+    def save(self, request: SaveRequest, *, background: bool = False) -> Path | None:
+        """Write and commit a checkpoint (collective, after :meth:`begin`). Returns its folder.
+
+        ``background``: return once the state is copied to host memory; the files are written
+        and committed in a thread (:meth:`wait` joins it)."""
         rank = dist.get_rank() if distributed() else 0
         final, tmp = self._agree_on_folder(request.manifest.step)
-        # Pipeline stages hold different parameters: optimizer settings are saved per parameter
-        # name (not per group, whose entries would differ from rank to rank and collide).
-        mesh = request.manifest.mesh or {}
-        flat = request.sharded and mesh.get("pp", 1) > 1
-        states = {
-            name: st.collect(
-                target, optimizers, full=not request.sharded, offload=not background, flat=flat
-            )
-            for name, target, optimizers in request.units
-        }
-        rng = _gather_rng(request.trainer.pop("rng"))
+        states = request.states
+        rng = request.trainer.pop("rng")
         if request.sharded:
             self._save_sharded(request, tmp, final, states, rng, background)
         elif rank == 0:
@@ -350,7 +345,7 @@ class CheckpointStore:
         for name, (model_sd, optim_sd) in states.items():
             model_stem, optim_stem = stems(name)
             files[f"{model_stem}.safetensors"] = safetensors_chunks(model_sd)
-            tensors, metas[name] = st.flatten_optimizer(optim_sd)
+            tensors, metas[name] = flatten_optimizer(optim_sd)
             files[f"{optim_stem}.safetensors"] = safetensors_chunks(tensors)
         trainer = {**request.trainer, "rng": rng, "optimizer_meta": metas}
         self._commit(request.manifest, tmp, final, trainer, files=files)
@@ -604,14 +599,6 @@ def copy_in_parallel(copies: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
     with ThreadPoolExecutor(threads) as pool:
         for _ in pool.map(lambda pair: pair[0].copy_(pair[1]), pieces):
             pass
-
-
-def _gather_rng(local: Any) -> list[Any]:
-    if not distributed():
-        return [local]
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, local)
-    return out
 
 
 def _collect_tensors(tree: Any, out: list[torch.Tensor]) -> None:

@@ -338,6 +338,26 @@ class DeviceLoader(Generic[T]):
             self.loader._iterator = None
         self._live = None
 
+    def _end_unfinished_pass(self) -> None:
+        """Stop the workers of an earlier pass left unfinished (every rank ends a pass at the
+        first rank's end; a ``break``) before new ones start. The DataLoader would drop that
+        iterator only after forking the new workers: for a moment twice the processes, and
+        children forked with a copy of a live worker iterator. Persistent workers are kept (the
+        next pass reuses them), and so is the iterator a state_dict() call made for the pass
+        to come."""
+        if self.loader.persistent_workers or getattr(
+            self.loader, "_initial_iter_for_state_dict", False
+        ):
+            return
+        kept = getattr(self.loader, "_iterator", None)  # a StatefulDataLoader keeps its last
+        for old in {id(it): it for it in (kept, self._live) if it is not None}.values():
+            shutdown = getattr(old, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
+        if kept is not None:
+            self.loader._iterator = None
+        self._live = None
+
     # -- iteration -----------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         # First: a restarted run resumes here (loop_action), so the pass chosen below starts
@@ -449,6 +469,7 @@ class DeviceLoader(Generic[T]):
         self.in_progress = True
         batches = 0
         try:
+            self._end_unfinished_pass()
             iterator = self._live = iter(self.loader)
             if self.stream is not None:  # the workers have their copies: a resume is for one pass
                 self.stream.resume_at = None

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from paratrain.checkpoint.manifest import Manifest
 from paratrain.checkpoint.plain_data import plain
 from paratrain.checkpoint.restore import Staged, load_trainer, load_unit, stems
-from paratrain.checkpoint.state import adoptable
+from paratrain.checkpoint.state import adoptable, collect
 from paratrain.checkpoint.store import CheckpointStore, SaveRequest, distributed
 from paratrain.core.version import __version__
 from paratrain.data.loader import DeviceLoader
@@ -137,15 +137,34 @@ def save(
         "seed": pieces.layout.seed,
         "position": {"epoch": epoch, "step": loop.global_step, "samples_in_epoch": 0},
     }
-    request = SaveRequest(
-        units=[(u.name, pieces.layout.unwrap(u.module), u.optimizers) for u in tracked.units],
-        trainer=trainer,
-        manifest=manifest,
-        sharded=pieces.layout.sharded,
-        # after the store checked every rank
-        gather=lambda: objects_of_every_rank(tracked, trainer["extras"]),
-    )
+    store.begin()  # every rank is saving: the collectives below match
+    trainer.update(objects_of_every_rank(tracked, trainer["extras"]))
+    sharded = pieces.layout.sharded
+    # Pipeline stages hold different parameters: optimizer settings are saved per parameter
+    # name (not per group, whose entries would differ from rank to rank and collide).
+    flat = sharded and (pieces.layout.mesh or {}).get("pp", 1) > 1
+    states = {
+        u.name: collect(
+            pieces.layout.unwrap(u.module),
+            u.optimizers,
+            full=not sharded,
+            offload=not background,
+            flat=flat,
+        )
+        for u in tracked.units
+    }
+    trainer["rng"] = _of_every_rank(trainer["rng"])
+    request = SaveRequest(states=states, trainer=trainer, manifest=manifest, sharded=sharded)
     return store.save(request, background=background)
+
+
+def _of_every_rank(local: Any) -> list[Any]:
+    """``[rank] -> value`` (collective)."""
+    if not distributed():
+        return [local]
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, local)
+    return every
 
 
 def _streams_of_every_rank(loaders: list[DeviceLoader[Any]]) -> list[dict[str, Any]]:
