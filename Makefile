@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo test lint typecheck docs pytest release-test serve-deps examples-test scale-test layouts-test kill-trials mutants-test image-test bench cuda-check clean
+.PHONY: demo test lint typecheck docs pytest release-test serve-deps examples-test e2e-test scale-test layouts-test kill-trials mutants-test image-test bench cuda-check clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -41,7 +41,7 @@ typecheck: $(VENV)/.installed
 docs: $(VENV)/.installed
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
 
-SLOW := examples or scale or kill_trials or layouts or release or mutants
+SLOW := examples or scale or e2e or kill_trials or layouts or release or mutants
 # Test processes side by side (pytest-xdist): the unit tests, the examples and the scale proofs
 # share 2 cores well. The multi-rank suite runs one test at a time: two of them at once (529 s
 # instead of 753 s) made ranks that exit on purpose abort at exit now and then, and the launcher
@@ -77,6 +77,12 @@ serve-deps:
 # Every shipped example (examples/) end to end at tiny size on 2 CPU ranks, and the notebook.
 examples-test: $(VENV)/.installed
 	$(PYTEST) -m examples
+
+# The longest multi-rank runs of whole commands, one at a time like the multi-rank suite:
+# verify-resume over scripts (and its sample of the mutation table), bench end to end, torchrun
+# restarts, the pipeline port's restart and the demo's crash (about 7 minutes). Called by CI.
+e2e-test: $(VENV)/.installed
+	$(BIN)/pytest -q --durations=20 -m e2e
 
 # Past one machine's disk: 20 SIGKILLed savers against a real S3 API server (moto on loopback),
 # streaming resume at 2 ranks x 2 workers (webdataset tars, HF datasets), trackers end to end.

@@ -85,6 +85,7 @@ def test_bad_input(args: list[str], needle: str, capsys: pytest.CaptureFixture[s
 
 
 @pytest.mark.dist
+@pytest.mark.e2e
 def test_bench_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(
         [

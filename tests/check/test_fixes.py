@@ -41,7 +41,6 @@ FIXED = (
     .replace("batch_size=2, shuffle=True, sampler", "batch_size=2, sampler")
     .replace("torch.cuda.amp.GradScaler(init_scale", 'torch.amp.GradScaler("cuda", init_scale')
     .replace("with torch.cuda.amp.autocast():", 'with torch.autocast("cuda"):')
-    .replace("torch.save(model.state_dict()", "torch.save(model.module.state_dict()")
     .replace('map_location="cpu",)', 'map_location="cpu", weights_only=True)')
 )
 
@@ -57,11 +56,11 @@ def test_diff_shows_the_rewrites_and_changes_nothing(
     script = tmp_path / "train.py"
     script.write_text(SCRIPT, encoding="utf-8")
     code, out = _check(tmp_path, capsys)
-    assert code == 1 and out.count(" [*] ") == 6 and "[*] 6 fixable with --fix" in out
+    assert code == 1 and out.count(" [*] ") == 5 and "[*] 5 fixable with --fix" in out
     code, out = _check(tmp_path, capsys, "--diff")
     assert code == 1 and script.read_text(encoding="utf-8") == SCRIPT
     added = [ln for ln in out.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
-    assert len(added) == 6 and '+    with torch.autocast("cuda"):' in out
+    assert len(added) == 5 and '+    with torch.autocast("cuda"):' in out
 
 
 def test_fix_rewrites_exactly_the_mechanical_findings(
@@ -72,10 +71,12 @@ def test_fix_rewrites_exactly_the_mechanical_findings(
     code, out = _check(tmp_path, capsys, "--fix")
     assert script.read_bytes() == FIXED.encode("utf-8")  # the byte-order mark kept
     ast.parse(FIXED.removeprefix("\ufeff"))
-    assert "Fixed 6 problems in 1 script(s)." in out
-    # left: the positional autocast (PT012, no [*]); the ignored load stays silent
+    assert "Fixed 5 problems in 1 script(s)." in out
+    # left: the positional autocast (PT012, no [*]) and the wrapper's save (PT006: its fix
+    # must change the script's resume too, so it is a suggestion); the ignored load is silent
     assert code == 1 and "PT012 deprecated" not in out
-    assert out.count(": PT0") == 1 and ":18:10: PT012 autocast" in out
+    assert out.count(": PT0") == 2 and ":18:10: PT012 autocast" in out
+    assert "PT006" in out and "change the script's resume together with the save" in out
     code, out = _check(tmp_path, capsys, "--fix")  # nothing more to do
     assert script.read_bytes() == FIXED.encode("utf-8") and "Fixed" not in out
 
@@ -86,8 +87,8 @@ def test_fix_with_json_keeps_stdout_json(
     (tmp_path / "train.py").write_text(SCRIPT, encoding="utf-8")
     main(["check", str(tmp_path / "train.py"), "--fix", "--json"])
     captured = capsys.readouterr()
-    assert [f["rule"] for f in json.loads(captured.out)] == ["PT012"]
-    assert "Fixed 6 problems" in captured.err and "+++" in captured.err
+    assert [f["rule"] for f in json.loads(captured.out)] == ["PT012", "PT006"]
+    assert "Fixed 5 problems" in captured.err and "+++" in captured.err
 
 
 def test_clean_scripts_have_no_diff(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -34,6 +34,7 @@ def _demo(run_dir: Path, *args: str, env: dict[str, str] | None = None) -> tuple
     return proc.returncode, proc.stdout, proc.stderr
 
 
+@pytest.mark.e2e
 def test_demo_crashes_resumes_exactly_and_reaches_the_target(tmp_path: Path) -> None:
     run_dir = tmp_path / "demo"
     started = time.perf_counter()

@@ -12,6 +12,7 @@ from benchmarks.chaos import final_weights, launch
 pytestmark = pytest.mark.dist
 
 
+@pytest.mark.e2e
 def test_killed_ranks_restart_resume_and_match(tmp_path: Path) -> None:
     reference = launch(tmp_path / "reference")
     assert reference.returncode == 0, reference.stderr[-3000:]

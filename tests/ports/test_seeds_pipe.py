@@ -23,6 +23,7 @@ def launch(run_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV)
 
 
+@pytest.mark.e2e
 def test_pipe_port_restarts_bit_identical_and_matches_one_process(tmp_path: Path) -> None:
     straight = launch(tmp_path / "straight")
     assert straight.returncode == 0, straight.stderr[-3000:]

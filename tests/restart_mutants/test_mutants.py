@@ -1,6 +1,6 @@
 """``paratrain verify-resume`` passes restart-safe scripts and fails their planted mutants.
 
-    pytest -m dist tests/restart_mutants        # 2 safe scripts and 3 mutants, 1 rank
+    pytest -m e2e tests/restart_mutants         # 2 safe scripts and 3 mutants, 1 rank
     pytest -m mutants tests/restart_mutants     # every script at 1 and 2 ranks (about 1.5 h)
     make mutants-test                           # the same, as a table (TABLE.md)
 
@@ -48,6 +48,7 @@ def name(case: Case) -> str:
 @pytest.mark.dist
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("case", SMALL, ids=name)
+@pytest.mark.e2e
 def test_verify_resume_tells_safe_scripts_from_mutants(case: Case) -> None:
     check(verify(case))
 

@@ -46,6 +46,7 @@ def _kinds_in_trace(run_dir: Path) -> collections.Counter[str]:
 
 
 @pytest.mark.dist
+@pytest.mark.e2e
 def test_a_restart_safe_script_passes_at_two_ranks_killed_at_every_kind(tmp_path: Path) -> None:
     script = str(SCRIPTS / "restart_safe.py")
     proc = verify_resume("--nproc", "2", "--kills", "7", "--json", script, cwd=tmp_path)
@@ -67,6 +68,7 @@ def test_a_restart_safe_script_passes_at_two_ranks_killed_at_every_kind(tmp_path
 
 
 @pytest.mark.dist
+@pytest.mark.e2e
 def test_a_restart_safe_script_passes_at_one_rank(tmp_path: Path) -> None:
     script = str(SCRIPTS / "restart_safe.py")
     proc = verify_resume(
@@ -84,6 +86,7 @@ def test_a_restart_safe_script_passes_at_one_rank(tmp_path: Path) -> None:
 
 
 @pytest.mark.dist
+@pytest.mark.e2e
 def test_an_untracked_counter_is_found_and_the_weights_named(tmp_path: Path) -> None:
     script = str(SCRIPTS / "untracked_counter.py")
     proc = verify_resume("--kills", "1", "--json", script, cwd=tmp_path)
@@ -164,6 +167,7 @@ def test_usage_errors_exit_2_with_a_message(
 
 
 @pytest.mark.dist
+@pytest.mark.e2e
 def test_full_batch_training_with_per_rank_extras_passes_at_two_ranks(tmp_path: Path) -> None:
     """Data read once before a ``while`` loop, and a per-rank best loss in the extras: no
     warning about an epochs loop the script does not have, and every kill resumes exactly."""
@@ -177,6 +181,7 @@ def test_full_batch_training_with_per_rank_extras_passes_at_two_ranks(tmp_path: 
 
 
 @pytest.mark.dist
+@pytest.mark.e2e
 def test_a_script_safe_against_sigkill_but_not_preemption_fails(tmp_path: Path) -> None:
     """The learning rate comes from enumerate(loader): SIGKILLs resume at epoch starts and
     match; the preemption kill saves mid-epoch, and the rerun differs."""

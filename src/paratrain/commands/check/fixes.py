@@ -8,14 +8,15 @@ Only rewrites that keep the script's meaning except for the mistake are offered:
 
 - PT002 ``x.to(device)`` as a statement → ``x = x.to(device)``;
 - PT004 ``DataLoader(..., shuffle=True, sampler=s)`` → the ``shuffle=True`` argument removed;
-- PT006 ``model.state_dict()`` of a DDP/DataParallel wrapper → ``model.module.state_dict()``;
 - PT008 ``torch.load(path)`` → ``torch.load(path, weights_only=True)`` (torch's default since 2.6);
 - PT012 ``torch.cuda.amp.autocast(k=v)`` → ``torch.autocast("cuda", k=v)`` and
   ``torch.cuda.amp.GradScaler(k=v)`` → ``torch.amp.GradScaler("cuda", k=v)``, written exactly so
   and with keyword arguments only (positional ones mean different things in the new calls).
 
 Everything else needs a decision (where a rank guard goes, which device a load maps to) and is
-left to the reader.
+left to the reader. PT006 is among them: saving ``model.module.state_dict()`` instead of the
+wrapper's is right, but the script's own resume then loads plain keys into the wrapper and fails
+(or, with ``strict=False``, silently resumes nothing); the save and the load must change together.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from pathlib import Path
 
 from paratrain.commands.check.findings import Finding
 
-FIXABLE = frozenset({"PT002", "PT004", "PT006", "PT008", "PT012"})
+FIXABLE = frozenset({"PT002", "PT004", "PT008", "PT012"})
 """Rules whose findings ``--fix`` can rewrite (when the code is written in the usual way)."""
 _NEW_AMP = {
     "torch.cuda.amp.autocast": "torch.autocast",
@@ -142,9 +143,6 @@ def _edit(rule: str, node: ast.AST, text: str, where: _Offsets) -> Edit | None:
         return None
     if rule == "PT004":
         return _drop_keyword(node, "shuffle", text, where)
-    if rule == "PT006" and isinstance(node.func, ast.Attribute):
-        at = where.end(node.func.value)
-        return Edit(at, at, ".module")
     if rule == "PT008":
         return _add_keyword(node, "weights_only=True", text, where)
     if rule == "PT012" and not node.args:

@@ -460,6 +460,11 @@ class ModuleFacts:
                 o for o, site in zip(origins, self.sites[key], strict=True)
                 if self._site_scope(site, o) is scope
             ]  # fmt: skip
+        if key in self.origins and isinstance(node, ast.Name) and node in self.parents:
+            reaching = self._reaching(node, key)
+            if len(reaching) < len(self.origins[key]):  # some are bound only after this use
+                origins = [o for o in origins if any(o is r for r in reaching)]
+                memo = f"{memo}@{node.lineno}:{node.col_offset}"
         cached = self._values.get(memo)
         if cached is not None:
             return list(cached)  # a copy: callers may extend what they get
@@ -481,6 +486,34 @@ class ModuleFacts:
         if cuts == self._cuts or outermost:  # complete, or the answer to a question from outside
             self._values[memo] = list(result)
         return result
+
+    def _reaching(self, node: ast.Name, key: str) -> list[Origin]:
+        """The bindings of ``key`` that can reach the use ``node``: all but those made later in
+        the same function (or at module level) with no loop around both, and the one whose own
+        value holds the use (``model = DDP(model)``: the argument is the model before). So
+        ``model_without_ddp = model`` before ``model = DDP(model)`` is the plain model. When
+        none would be left, all of them (a use before any binding is left to the others)."""
+        scope = self.scope_of(node)
+        where = (node.lineno, node.col_offset)
+        loops = {
+            id(parent)
+            for _, parent in self.ancestors(node)
+            if isinstance(parent, (ast.For, ast.AsyncFor, ast.While))
+        }
+        kept: list[Origin] = []
+        for origin, site in zip(self.origins[key], self.sites[key], strict=True):
+            if isinstance(origin, Param) or self._site_scope(site, origin) is not scope:
+                kept.append(origin)
+                continue
+            if isinstance(site, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                value = site.value
+                if value is not None and any(n is node for n in ast.walk(value)):
+                    continue  # the use is in the binding's own value: it sees the one before
+            later = (getattr(site, "lineno", 0), getattr(site, "col_offset", 0)) > where
+            if later and not any(id(p) in loops for _, p in self.ancestors(site)):
+                continue
+            kept.append(origin)
+        return kept or list(self.origins[key])
 
     def _local_scope(self, node: ast.AST, key: str) -> ast.AST | None:
         """The function ``node`` (a plain name) is a local variable of, or None (a global,

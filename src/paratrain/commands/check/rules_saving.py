@@ -84,7 +84,9 @@ def wrapped_state_dict(tree: ast.Module, lines: Sequence[str]) -> Iterator[Findi
                 message=f"`{key}` is a DDP/DataParallel wrapper: every saved key starts "
                 "with `module.` and load_state_dict on the plain model fails "
                 "(Unexpected key(s) in state_dict)",
-                fix=f"save the wrapped model's own weights: {key}.module.state_dict()",
+                fix=f"save the wrapped model's own weights, {key}.module.state_dict(), and load "
+                f"such files into the plain model ({key}.module.load_state_dict(...)): change the "
+                "script's resume together with the save",
                 api="run.save_weights(model, path)",
             )
 
