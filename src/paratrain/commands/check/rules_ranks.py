@@ -39,6 +39,20 @@ def _training_scopes(facts: ModuleFacts) -> set[ast.AST]:
     return cached  # type: ignore[return-value]
 
 
+LAUNCHERS = ("spawn", "start_processes", "Process", "Pool", "launch")
+
+
+def _launched(facts: ModuleFacts, ref: ast.AST) -> bool:
+    """``ref`` is handed to a call that starts it in other processes (``mp.spawn(f, ...)``,
+    ``Process(target=f)``): the function that does so runs once, in the launcher."""
+    parent = facts.parents.get(ref)
+    if isinstance(parent, ast.keyword):
+        parent = facts.parents.get(parent)
+    return isinstance(parent, ast.Call) and parent.func is not ref and (
+        facts.qualname(parent.func).rsplit(".", 1)[-1] in LAUNCHERS
+    )
+
+
 def _find_training_scopes(facts: ModuleFacts) -> set[ast.AST]:
     scopes: set[ast.AST] = set()
     for call, qual in facts.calls():
@@ -51,6 +65,8 @@ def _find_training_scopes(facts: ModuleFacts) -> set[ast.AST]:
         if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         for ref in facts.references(scope):
+            if _launched(facts, ref):  # mp.spawn(train, ...): the caller is the launcher
+                continue
             caller = facts.scope_of(ref)
             if caller not in scopes:
                 scopes.add(caller)
