@@ -48,8 +48,10 @@ def _launched(facts: ModuleFacts, ref: ast.AST) -> bool:
     parent = facts.parents.get(ref)
     if isinstance(parent, ast.keyword):
         parent = facts.parents.get(parent)
-    return isinstance(parent, ast.Call) and parent.func is not ref and (
-        facts.qualname(parent.func).rsplit(".", 1)[-1] in LAUNCHERS
+    return (
+        isinstance(parent, ast.Call)
+        and parent.func is not ref
+        and (facts.qualname(parent.func).rsplit(".", 1)[-1] in LAUNCHERS)
     )
 
 
