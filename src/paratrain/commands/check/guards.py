@@ -362,6 +362,18 @@ class Guards:
             and not stmt.orelse
             and isinstance(stmt.body[-1], EXITS)
             and self.rank_test(stmt.test) == OFF
+            and not self._narrowed(stmt.test)
+        )
+
+    def _narrowed(self, test: ast.AST) -> bool:
+        """``test`` holds on only some of the other ranks: a conjunction with a condition that
+        is not a rank test (``if not eval_all and rank != 0: return``: with ``eval_all`` every
+        rank goes on). An exit under it leaves the other ranks in what follows."""
+        return any(
+            isinstance(node, ast.BoolOp)
+            and isinstance(node.op, ast.And)
+            and any(self.rank_test(v) != OFF for v in node.values)
+            for node in ast.walk(test)
         )
 
     def _case_kind(self, case: ast.match_case) -> str | None:
