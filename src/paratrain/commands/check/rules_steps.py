@@ -43,9 +43,28 @@ def _autocasts(facts: ModuleFacts) -> list[tuple[ast.Call, str]]:
     return found
 
 
+def _helper_for_others(facts: ModuleFacts, node: ast.AST) -> bool:
+    """``node`` is in a method, or in a function this module never calls: a loss-scaling
+    helper (timm's ``NativeScaler``) whose callers, elsewhere, hold the autocast."""
+    scope = facts.scope_of(node)
+    if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return False
+    if isinstance(facts.parents.get(scope), ast.ClassDef):
+        return True
+    return not any(True for _ in facts.references(scope))
+
+
 def _fp16_autocast(facts: ModuleFacts, call: ast.Call, qual: str) -> bool:
     """``autocast(dtype=torch.float16)`` (or a name set to it), or an autocast on CUDA without
-    a dtype: torch.cuda.amp's, ``torch.autocast("cuda")`` (float16 unless told)."""
+    a dtype: torch.cuda.amp's, ``torch.autocast("cuda")`` (float16 unless told). Not one that
+    is switched off (``enabled=False``)."""
+    enabled = keyword(call, "enabled")
+    if isinstance(enabled, ast.Constant) and enabled.value is False:
+        return False
+    first = call.args[0] if call.args else None
+    off = isinstance(first, ast.Constant) and first.value is False
+    if qual == "torch.cuda.amp.autocast" and off:  # its first argument is `enabled`
+        return False
     dtype = keyword(call, "dtype")
     if dtype is not None:
         values: list[object] = []
@@ -103,6 +122,7 @@ def scaler_autocast_mismatch(tree: ast.Module, lines: Sequence[str]) -> Iterator
                 method(call) == "scale"
                 and isinstance(call.func, ast.Attribute)
                 and _is_scaler(facts, call.func.value)
+                and not _helper_for_others(facts, call)
             ):
                 yield Finding.at(
                     "PT018",
