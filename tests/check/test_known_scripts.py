@@ -353,8 +353,9 @@ EXCERPTS = [
         ("PT008", "checkpoint = torch.load(ckpt_path, map_location=device)"),
         ("PT012", "scaler = torch.cuda.amp.GradScaler(enabled=(dtype == 'float16'))"),
     ),
-    # Both DataParallel branches; both loads lack weights_only and the first one map_location
-    # (with DDP over every GPU of the process, all land on the GPU they were saved from).
+    # Both DataParallel branches; both loads lack weights_only. The first one lacks
+    # map_location only in the `args.gpu is None` branch (one process driving every GPU: no
+    # rank to map to), whose other branch maps: the author chose per case, so no PT009.
     # `model.state_dict()` of the wrapper goes through save_checkpoint: its keys carry
     # `module.`, but PT006 reads torch.save's own argument, and this script resumes into the
     # same wrapper, so it is not flagged. set_epoch is called; save_checkpoint runs on one
@@ -367,7 +368,6 @@ EXCERPTS = [
         ("PT014", "model.features = torch.nn.DataParallel(model.features)"),
         ("PT014", "model = torch.nn.DataParallel(model).cuda()"),
         ("PT008", "checkpoint = torch.load(args.resume)"),
-        ("PT009", "checkpoint = torch.load(args.resume)"),
         ("PT008", "checkpoint = torch.load(args.resume, map_location=loc)"),
         ("PT016", "print('using CPU, this will be slow')"),
         # save_checkpoint(state) writes the DDP model's own state_dict: `module.` keys

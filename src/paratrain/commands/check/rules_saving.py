@@ -11,6 +11,7 @@ import ast
 from collections.abc import Iterator, Sequence
 
 from paratrain.commands.check.findings import Finding, rule
+from paratrain.commands.check.guards import guards_of
 from paratrain.commands.check.patterns import (
     LoopTarget,
     ModuleFacts,
@@ -379,6 +380,44 @@ def _in_memory(facts: ModuleFacts, call: ast.Call) -> bool:
     )
 
 
+def _mapped(call: ast.AST) -> bool:
+    return isinstance(call, ast.Call) and (
+        keyword(call, "map_location") is not None or len(call.args) >= 2
+    )
+
+
+def _other_branch_maps(facts: ModuleFacts, call: ast.Call) -> bool:
+    """The load sits in one branch of an ``if`` whose other branch loads with a map_location
+    (``if args.gpu is None: torch.load(p) else: torch.load(p, map_location=loc)``): the author
+    chose per case (one process driving every GPU has no rank to map to)."""
+    for child, parent in facts.ancestors(call):
+        if isinstance(parent, ast.If) and child is not parent.test:
+            other = parent.orelse if child in parent.body else parent.body
+            if any(
+                _mapped(n) and facts.qualname(n.func) == "torch.load"  # type: ignore[attr-defined]
+                for stmt in other
+                for n in ast.walk(stmt)
+            ):
+                return True
+        if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            return False
+    return False
+
+
+def _saves_cpu_tensors(facts: ModuleFacts) -> bool:
+    """Every ``torch.save`` of the script writes tensors moved to the CPU first (``.cpu()``):
+    its own files load back onto the CPU without a map_location."""
+    saves = list(_saves(facts))
+    return bool(saves) and all(
+        any(
+            isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "cpu"
+            for part in _saved_parts(facts, save.args[0])
+            for n in ast.walk(part)
+        )
+        for save in saves
+    )
+
+
 @rule("PT009", "load-no-map-location", "torch.load without map_location in a distributed script")
 def load_no_map_location(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
     """``torch.load(path)`` in a script with several processes.
@@ -387,11 +426,14 @@ def load_no_map_location(tree: ast.Module, lines: Sequence[str]) -> Iterator[Fin
     (out of memory there, and slow).
     """
     facts = module_facts(tree)
-    if not facts.uses_distributed():
+    if not facts.uses_distributed() or _saves_cpu_tensors(facts):
         return
+    guards = guards_of(facts)
     for call in _loads(facts):
         if _in_memory(facts, call):
             continue  # bytes this process just wrote
+        if guards.main_only(call) or _other_branch_maps(facts, call):
+            continue
         if keyword(call, "map_location") is None and len(call.args) < 2:
             yield Finding.at(
                 "PT009",
