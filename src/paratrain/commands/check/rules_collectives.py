@@ -49,16 +49,37 @@ def _words(node: ast.AST) -> str:
     return " ".join(last_name(n).lower() for n in ast.walk(node) if last_name(n))
 
 
+LOSS_FUNCTIONS = ("cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss",
+                  "huber_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits",
+                  "kl_div", "criterion", "loss_fn", "loss_func")  # fmt: skip
+
+
+def _mean_loss(facts: ModuleFacts, call: ast.Call) -> bool:
+    """A loss function's value: the mean over the batch unless ``reduction=`` says otherwise
+    (``F.cross_entropy(out, y)``, ``criterion(out, y)``)."""
+    name = last_name(call.func)
+    if name not in LOSS_FUNCTIONS and not name.endswith("_loss"):
+        return False
+    reduction = keyword(call, "reduction")
+    return not (isinstance(reduction, ast.Constant) and reduction.value in ("sum", "none"))
+
+
 def _is_mean(facts: ModuleFacts, node: ast.expr, seen: frozenset[int] = frozenset()) -> bool:
-    """A per-rank mean: ``x.mean()``, a division, a loss, ``torch.tensor(acc)``. ``seen``: the
-    values followed so far (``values = torch.stack(values)`` refers to itself)."""
-    for value in [node, *facts.values(node)]:
+    """A per-rank mean: ``x.mean()``, a division, ``torch.tensor(acc)`` of one; a value whose
+    computation is not in this module (a parameter, a meter's ``.avg``) by its name (``loss``).
+    ``seen``: the values followed so far (``values = torch.stack(values)`` refers to itself)."""
+    origins = facts.values(node)
+    key = dotted(node)
+    computed = any(isinstance(v, ast.expr) and dotted(v) != key for v in origins)
+    for value in [node, *origins]:
         if not isinstance(value, ast.expr) or id(value) in seen:
             continue
         seen = seen | {id(value)}
         if isinstance(value, ast.Call) and method(value) == "mean":
             return True
         if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Div):
+            return True
+        if isinstance(value, ast.Call) and _mean_loss(facts, value):
             return True
         made = (
             isinstance(value, ast.Call)
@@ -69,6 +90,8 @@ def _is_mean(facts: ModuleFacts, node: ast.expr, seen: frozenset[int] = frozense
         parts = first.elts if isinstance(first, (ast.List, ast.Tuple)) else [first]
         if made and parts and all(p is not None and _is_mean(facts, p, seen) for p in parts):
             return True  # `torch.tensor(acc)`, `torch.tensor([self.avg])`
+        if value is node and computed:
+            continue  # how it is computed is known: judged by that, not by its name
         text = _words(value) if dotted(value) or isinstance(value, ast.Call) else ""
         if any(w in text for w in MEAN_WORDS) and not any(w in text for w in SUM_WORDS):
             stacked = isinstance(value, ast.Call) and last_name(value.func) in ("stack", "cat")
