@@ -177,3 +177,32 @@ def test_reduced_or_unsharded_metrics_are_fine() -> None:
     )
     for good in (reduced, unsharded, on_rank_zero):
         assert flagged(good, "PT020") == []
+
+
+PORT = """
+    import sys
+    import torch
+    import paratrain as pt
+    with pt.Run() as run:
+        model, opt = run.setup(net, opt)
+        for epoch in run.epochs(2):
+            for x in loader:
+                run.backward(model(x).mean())
+                run.step(opt)
+            print(f"epoch {epoch}")
+            torch.save(net.state_dict(), f"net{epoch}.pt")
+            if run.is_main:
+                print("saved")
+                torch.save(net.state_dict(), "last.pt")
+        if bad_input:
+            print("the data folder is empty", file=sys.stderr)
+            sys.exit(2)
+"""
+
+
+def test_a_paratrain_port_is_checked_as_a_distributed_script() -> None:
+    """``paratrain run --nproc N`` starts it on N ranks: a bare print and an unguarded save are
+    what they are in a torchrun script; under ``run.is_main`` they are fine, and an error each
+    rank stops with is its own."""
+    assert flagged(PORT, "PT016") == [11]
+    assert flagged(PORT, "PT010") == [12]

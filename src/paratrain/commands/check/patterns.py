@@ -276,13 +276,14 @@ class ModuleFacts:
         return self.tree
 
     def uses_distributed(self) -> bool:
-        """The script imports torch.distributed or starts a process group."""
+        """The script imports torch.distributed or starts a process group (``pt.Run``, which
+        joins the one ``paratrain run`` or torchrun set up, counts)."""
         imported = any(q.startswith("torch.distributed") for q in self.aliases.values())
         return imported or self.starts_group()
 
     @functools.cached_property
     def _starts_group(self) -> bool:
-        return any(q.endswith("init_process_group") for _, q in self.calls())
+        return any(q.endswith("init_process_group") or q in PARATRAIN_RUNS for _, q in self.calls())
 
     def starts_group(self) -> bool:
         """``init_process_group`` is called in this script (or by a sibling's helper it calls,
@@ -593,6 +594,9 @@ class ModuleFacts:
         node = ast.parse(key, mode="eval").body
         return self.values(node)
 
+
+PARATRAIN_RUNS = {"paratrain.Run", "paratrain.launch", "paratrain.runtime.run.Run"}
+"""A paratrain script: ``paratrain run --nproc N`` starts it on N ranks, like torchrun."""
 
 BUDGET = 2000
 """Origins followed at most for one question: beyond that a value is unknown."""

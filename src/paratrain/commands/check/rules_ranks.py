@@ -217,6 +217,8 @@ def every_rank_prints(tree: ast.Module, lines: Sequence[str]) -> Iterator[Findin
                 continue
             if guards_of(facts).main_only(node) or _prints_own_rank(facts, node):
                 continue
+            if _error_before_exit(facts, node):
+                continue  # each rank's own error, as it stops
             yield Finding.at(
                 "PT016",
                 node,
@@ -224,6 +226,34 @@ def every_rank_prints(tree: ast.Module, lines: Sequence[str]) -> Iterator[Findin
                 fix="print on the main process only: if dist.get_rank() == 0: print(...)",
                 api="run.print(...) (rank 0 prints)",
             )
+
+
+EXIT_CALLS = {"sys.exit", "exit", "quit", "os._exit"}
+
+
+def _error_before_exit(facts: ModuleFacts, call: ast.Call) -> bool:
+    """``print(message, file=sys.stderr)`` followed by ``raise`` or ``sys.exit``: an error
+    each rank stops with (its own, worth seeing), not a log line."""
+    stream = keyword(call, "file")
+    statement = facts.parents.get(call)
+    block = facts.parents.get(statement) if statement is not None else None
+    if stream is None or dotted(stream) not in ("sys.stderr", "stderr") or block is None:
+        return False
+    for field in ("body", "orelse", "finalbody", "handlers"):
+        siblings = getattr(block, field, None)
+        if isinstance(siblings, list) and statement in siblings:
+            rest = siblings[siblings.index(statement) + 1 :]
+            if not rest:
+                return False
+            after = rest[0]
+            if isinstance(after, ast.Raise):
+                return True
+            return (
+                isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Call)
+                and facts.qualname(after.value.func) in EXIT_CALLS
+            )
+    return False
 
 
 REPORTS = {"log", "info", "add_scalar", "add_scalars"}
