@@ -89,6 +89,8 @@ class Report:
     """How many scripts the paths named (checked, or not parsed: see ``errors``)."""
     skipped: list[str] = field(default_factory=list)
     """Folders not entered, each with why (``venv (a virtual environment)``)."""
+    test_modules: int = 0
+    """Test modules found in folders, checked with :data:`TEST_MODULE_RULES` only."""
 
 
 def rules_by_id() -> dict[str, Rule]:
@@ -189,6 +191,19 @@ def check_source(
     return list(found.values())
 
 
+TEST_MODULE_RULES = frozenset({"PT007", "PT008", "PT012", "PT015"})
+"""The rules a test module found inside a folder gets: about APIs, not about N ranks running it.
+Unit tests build wrappers, samplers and loads in one process on purpose (a DataParallel test, a
+DistributedSampler checked without a DataLoader); a test file named on the command line gets
+every rule."""
+
+
+def is_test_module(path: Path) -> bool:
+    """pytest's and unittest's file names: ``test_*.py``, ``*_test.py``, ``conftest.py``."""
+    name = path.name
+    return name.startswith("test_") or name.endswith("_test.py") or name == "conftest.py"
+
+
 def check_paths(
     paths: Sequence[Path], select: Collection[str] | None = None, walk: Walk | None = None
 ) -> Report:
@@ -211,11 +226,17 @@ def check_paths(
     folders: dict[Path, dict[str, ast.Module]] = {}
     for path, (tree, _) in parsed.items():
         folders.setdefault(path.parent, {})[path.stem] = tree
+    named_files = {p.resolve() for p in paths if p.is_file()}
+    api_only = [r for r in rules if r.id in TEST_MODULE_RULES]
     for path, (tree, lines) in parsed.items():
         report.files += 1
         siblings = {k: v for k, v in folders[path.parent].items() if k != path.stem}
+        chosen = rules
+        if is_test_module(path) and path.resolve() not in named_files:
+            chosen = api_only
+            report.test_modules += 1
         report.findings += check_source(
-            tree, lines, path.as_posix(), rules, siblings, report.failures
+            tree, lines, path.as_posix(), chosen, siblings, report.failures
         )
     report.findings.sort(key=lambda f: (f.path, f.line, f.col, f.rule))
     return report

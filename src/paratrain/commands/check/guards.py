@@ -199,8 +199,16 @@ class Guards:
             return MULTI
         if isinstance(test, ast.Call):
             return MAIN if self._returns_all(test, "main") else None
-        if dotted(test) is None:
+        key = dotted(test)
+        if key is None:
             return None
+        origins = self.facts.origins.get(key, [])
+        if isinstance(test, ast.expr) and any(
+            is_none(v) or isinstance(v, ast.IfExp) for v in origins
+        ):
+            kind = self._set_on_main_only(test)  # `if not writer: continue`, writer rank 0's
+            if kind is not None:
+                return kind
         if isinstance(test, ast.Attribute) and self._main_property(test.attr):
             return MAIN  # `env.leader` with `@property def leader(self): return self.rank == 0`
         values = self.facts.values(test)

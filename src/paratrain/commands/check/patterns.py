@@ -595,6 +595,30 @@ class ModuleFacts:
         return self.values(node)
 
 
+FALLBACK_ERRORS = {"AttributeError", "ImportError", "ModuleNotFoundError", "TypeError"}
+
+
+def old_torch_branch(facts: ModuleFacts, node: ast.AST) -> bool:
+    """``node`` runs only where the new API is missing: in ``except AttributeError:`` (or
+    ImportError, TypeError) after a try of it, in the ``else`` of an ``if hasattr(...)``, or in
+    a branch of a torch version test."""
+    for child, parent in facts.ancestors(node):
+        if isinstance(parent, ast.ExceptHandler):
+            caught = parent.type
+            errors = caught.elts if isinstance(caught, ast.Tuple) else [caught] if caught else []
+            names = [dotted(e) for e in errors]
+            if any((n or "").rsplit(".", 1)[-1] in FALLBACK_ERRORS for n in names):
+                return True
+        if isinstance(parent, (ast.If, ast.IfExp)) and child is not parent.test:
+            in_else = (
+                child in parent.orelse if isinstance(parent, ast.If) else child is parent.orelse
+            )
+            text = ast.unparse(parent.test)
+            if "version" in text.lower() or (in_else and "hasattr" in text):
+                return True
+    return False
+
+
 PARATRAIN_RUNS = {"paratrain.Run", "paratrain.launch", "paratrain.runtime.run.Run"}
 """A paratrain script: ``paratrain run --nproc N`` starts it on N ranks, like torchrun."""
 

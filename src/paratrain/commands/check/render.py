@@ -50,6 +50,12 @@ def as_text(report: Report, fixable: Collection[tuple[str, str, int, int]] = ())
     if report.skipped:
         shown = ", ".join(report.skipped[:8]) + (" ..." if len(report.skipped) > 8 else "")
         out.append(f"Not entered: {shown} (--exclude, --extend-exclude to change).")
+    if report.test_modules:
+        n = report.test_modules
+        out.append(
+            f"{n} test module{'s' * (n != 1)} (test_*.py, *_test.py, conftest.py) checked for "
+            "deprecated and unsafe APIs only; name one on the command line for every rule."
+        )
     return "\n".join(out)
 
 

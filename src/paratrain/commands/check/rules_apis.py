@@ -10,7 +10,12 @@ import ast
 from collections.abc import Iterator, Sequence
 
 from paratrain.commands.check.findings import Finding, rule
-from paratrain.commands.check.patterns import ModuleFacts, dotted, keyword, module_facts
+from paratrain.commands.check.patterns import (
+    keyword,
+    last_name,
+    module_facts,
+    old_torch_branch,
+)
 
 CUDA_AMP = {
     "torch.cuda.amp.autocast": "torch.autocast",
@@ -43,7 +48,9 @@ def cuda_amp(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
         parent = facts.parents.get(node)
         called = isinstance(parent, ast.Call) and parent.func is node
         handed = isinstance(parent, (ast.Call, ast.keyword, ast.Assign, ast.Return))
-        if qual in CUDA_AMP and handed and not called and not _old_torch_fallback(facts, node):
+        if isinstance(parent, ast.Call) and last_name(parent.func) in ("isinstance", "issubclass"):
+            continue  # a type test: nothing is made or called
+        if qual in CUDA_AMP and handed and not called and not old_torch_branch(facts, node):
             yield Finding.at(
                 "PT012",
                 node,
@@ -54,7 +61,7 @@ def cuda_amp(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
                 '"bf16" (no scaler needed)',
             )
     for call, qual in facts.calls():
-        if qual in CUDA_AMP and not _old_torch_fallback(facts, call):
+        if qual in CUDA_AMP and not old_torch_branch(facts, call):
             kept = ", ".join(ast.unparse(k) for k in call.keywords)
             replacement = f'{CUDA_AMP[qual]}("cuda"{", " * bool(kept)}{kept})'
             dtype = keyword(call, "dtype")
@@ -69,30 +76,6 @@ def cuda_amp(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
                 api='pt.Run(precision="fp16") (autocast and loss scaling in run.step), or '
                 '"bf16" (no scaler needed)',
             )
-
-
-FALLBACK_ERRORS = {"AttributeError", "ImportError", "ModuleNotFoundError", "TypeError"}
-
-
-def _old_torch_fallback(facts: ModuleFacts, node: ast.AST) -> bool:
-    """``node`` runs only where the new API is missing: in ``except AttributeError:`` (or
-    ImportError, TypeError) after a try of it, in the ``else`` of an ``if hasattr(...)``, or in
-    a branch of a torch version test."""
-    for child, parent in facts.ancestors(node):
-        if isinstance(parent, ast.ExceptHandler):
-            caught = parent.type
-            errors = caught.elts if isinstance(caught, ast.Tuple) else [caught] if caught else []
-            names = [dotted(e) for e in errors]
-            if any((n or "").rsplit(".", 1)[-1] in FALLBACK_ERRORS for n in names):
-                return True
-        if isinstance(parent, (ast.If, ast.IfExp)) and child is not parent.test:
-            in_else = (
-                child in parent.orelse if isinstance(parent, ast.If) else child is parent.orelse
-            )
-            text = ast.unparse(parent.test)
-            if "version" in text.lower() or (in_else and "hasattr" in text):
-                return True
-    return False
 
 
 @rule("PT013", "syncbn-with-dataparallel", "SyncBatchNorm conversion in a DataParallel script")

@@ -172,13 +172,17 @@ def move_result_dropped(tree: ast.Module, lines: Sequence[str]) -> Iterator[Find
 OTHER_BACKENDS = ("gloo", "mpi", "ucc")
 
 
+GPU_INDEX_NAMES = {"local_rank", "gpu", "gpu_id", "device_id", "cuda_id", "ddp_local_rank"}
+"""Names of a GPU index: ``model.to(local_rank)`` runs on CUDA only."""
+
+
 def _has_fallback(facts: ModuleFacts) -> bool:
     """The script names a backend other than NCCL, or is GPU-only anyway.
 
     GPU-only means it needs CUDA whatever the backend: it calls ``torch.cuda.set_device``,
-    ``.cuda()``, names a ``"cuda..."`` device or passes ``device_ids``, other than under a
-    ``torch.cuda.is_available()`` test. ``torch.cuda.manual_seed`` or ``empty_cache`` run
-    without GPUs and say nothing.
+    ``.cuda()``, ``.to(local_rank)``, names a ``"cuda..."`` device or passes ``device_ids``,
+    other than under a ``torch.cuda.is_available()`` test. ``torch.cuda.manual_seed`` or
+    ``empty_cache`` run without GPUs and say nothing.
     """
     for node in facts.nodes:
         needs_cuda = False
@@ -193,6 +197,9 @@ def _has_fallback(facts: ModuleFacts) -> bool:
         elif isinstance(node, ast.Call):
             qual = facts.qualname(node.func)
             needs_cuda = qual == "torch.cuda.set_device" or method(node) == "cuda"
+            index = node.args[0] if method(node) == "to" and node.args else None
+            if index is not None and dotted(index) is not None:  # `.to(local_rank)`: a GPU
+                needs_cuda = needs_cuda or last_name(index).lower() in GPU_INDEX_NAMES
         elif isinstance(node, ast.keyword) and node.arg == "device_ids":
             chosen = [node.value, *facts.values(node.value)]  # `[rank] if cuda else None`
             needs_cuda = not any(

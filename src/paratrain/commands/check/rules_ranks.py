@@ -196,9 +196,14 @@ def collective_on_one_rank(tree: ast.Module, lines: Sequence[str]) -> Iterator[F
 
 
 def _prints_own_rank(facts: ModuleFacts, call: ast.Call) -> bool:
-    """``print(f"rank {rank}: ...")``: a rank's own line is meant."""
+    """``print(f"rank {rank}: ...")`` (or the process id): a rank's own line is meant."""
     args = [*call.args, *(k.value for k in call.keywords)]
-    return any(guards_of(facts).is_rank_like(n) for arg in args for n in ast.walk(arg))
+    guards = guards_of(facts)
+    return any(
+        guards.is_rank_like(n) or (isinstance(n, ast.Call) and last_name(n.func) == "getpid")
+        for arg in args
+        for n in ast.walk(arg)
+    )
 
 
 @rule("PT016", "every-rank-prints", "print in distributed training code outside a rank-0 guard")

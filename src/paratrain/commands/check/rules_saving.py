@@ -21,6 +21,7 @@ from paratrain.commands.check.patterns import (
     keyword,
     last_name,
     module_facts,
+    old_torch_branch,
 )
 
 WRAPPERS = ("DistributedDataParallel", ".DataParallel", "FullyShardedDataParallel")
@@ -344,7 +345,9 @@ def load_unsafe(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
     facts = module_facts(tree)
     allowed = any(q.endswith("add_safe_globals") for _, q in facts.calls())
     for call in _loads(facts):
-        if keyword(call, "weights_only") is None and not allowed and not _safe_globals(facts, call):
+        if keyword(call, "weights_only") is not None or allowed or _safe_globals(facts, call):
+            continue
+        if not old_torch_branch(facts, call):  # `except TypeError:` where weights_only is new
             yield Finding.at(
                 "PT008",
                 call,
