@@ -108,3 +108,56 @@ def test_test_modules_in_a_folder_get_the_api_rules_only(tmp_path: Path) -> None
     assert in_test == ["PT008"] and "PT014" in in_script and report.test_modules == 1
     named = check_paths([test_file])  # named on the command line: every rule
     assert "PT014" in {f.rule for f in named.findings} and named.test_modules == 0
+
+
+def test_the_orchestrator_branch_that_starts_torchrun_is_not_a_training_scope() -> None:
+    code = """
+    import subprocess
+    import sys
+    import torch.distributed as dist
+    def worker():
+        dist.init_process_group("nccl")
+        loss = model(x).mean()
+        loss.backward()
+    def orchestrate():
+        for n in (1, 2):
+            print(f"running on {n} GPUs")
+            subprocess.run([sys.executable, "-m", "torch.distributed.run", __file__, "--worker"])
+    if "--worker" in sys.argv:
+        worker()
+    else:
+        orchestrate()
+"""
+    assert flagged(code, "PT016") == []
+    assert flagged(code.replace("    else:\n        orchestrate()", "    orchestrate()"), "PT016")
+
+
+def test_a_message_each_rank_stops_with_is_not_a_log_line() -> None:
+    code = (
+        DIST
+        + """
+    def main():
+        if torch.cuda.device_count() < 2:
+            print("Need 2 GPUs. Exiting.")
+            sys.exit()
+        if bad:
+            print("Error: --resume needs a checkpoint folder")
+            return -1
+        if late:
+            print("finished early")
+            return 0
+        model(x).mean().backward()
+    main()
+"""
+    )
+    assert flagged(code, "PT016") == [17]  # "finished early" is not an error
+
+
+def test_unittests_type_check_against_the_old_scaler_class() -> None:
+    code = """
+    import torch
+    class T(unittest.TestCase):
+        def test_scaler(self):
+            self.assertIsInstance(wrapper.scaler, torch.cuda.amp.GradScaler)
+"""
+    assert flagged(code, "PT012") == []

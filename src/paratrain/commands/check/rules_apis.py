@@ -48,8 +48,10 @@ def cuda_amp(tree: ast.Module, lines: Sequence[str]) -> Iterator[Finding]:
         parent = facts.parents.get(node)
         called = isinstance(parent, ast.Call) and parent.func is node
         handed = isinstance(parent, (ast.Call, ast.keyword, ast.Assign, ast.Return))
-        if isinstance(parent, ast.Call) and last_name(parent.func) in ("isinstance", "issubclass"):
-            continue  # a type test: nothing is made or called
+        if isinstance(parent, ast.Call) and last_name(parent.func).lower().endswith(
+            ("isinstance", "issubclass")
+        ):
+            continue  # a type test (also unittest's assertIsInstance): nothing is made
         if qual in CUDA_AMP and handed and not called and not old_torch_branch(facts, node):
             yield Finding.at(
                 "PT012",

@@ -55,6 +55,19 @@ def _launched(facts: ModuleFacts, ref: ast.AST) -> bool:
     )
 
 
+def _other_branch(facts: ModuleFacts, node: ast.AST, trains: list[ast.AST]) -> bool:
+    """``node`` is in one branch of an ``if`` and every training call of its scope in the other:
+    the process that trains does not run it (an orchestrator that starts torchrun)."""
+    for child, parent in facts.ancestors(node):
+        if isinstance(parent, ast.If) and child is not parent.test:
+            other = parent.orelse if child in parent.body else parent.body
+            if all(any(t is n for s in other for n in ast.walk(s)) for t in trains):
+                return True
+        if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            return False
+    return False
+
+
 def _find_training_scopes(facts: ModuleFacts) -> set[ast.AST]:
     scopes: set[ast.AST] = set()
     for call, qual in facts.calls():
@@ -62,6 +75,8 @@ def _find_training_scopes(facts: ModuleFacts) -> set[ast.AST]:
         if qual.endswith(("init_process_group", "DistributedDataParallel")) or method == "backward":
             scopes.add(facts.scope_of(call))
     callers = list(scopes)  # up: the functions that call those (train() calls _run_epoch)
+    through: dict[ast.AST, list[ast.AST]] = {}
+    """A scope found going up -> the references that made it one (its calls of training)."""
     while callers:
         scope = callers.pop()
         if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -70,12 +85,18 @@ def _find_training_scopes(facts: ModuleFacts) -> set[ast.AST]:
             if _launched(facts, ref):  # mp.spawn(train, ...): the caller is the launcher
                 continue
             caller = facts.scope_of(ref)
+            if caller in through:
+                through[caller].append(ref)
             if caller not in scopes:
                 scopes.add(caller)
+                through[caller] = [ref]
                 callers.append(caller)
     stack = list(scopes)  # down: what they call, and the callbacks they hand on
     while stack:
-        for node in own_nodes(stack.pop()):
+        scope = stack.pop()
+        for node in own_nodes(scope):
+            if scope in through and _other_branch(facts, node, through[scope]):
+                continue  # `if args.worker: train(args) else: launch_and_compare()`
             found = None
             if isinstance(node, ast.Call):
                 found = facts.function_of(node)
@@ -237,22 +258,21 @@ EXIT_CALLS = {"sys.exit", "exit", "quit", "os._exit"}
 
 
 def _error_before_exit(facts: ModuleFacts, call: ast.Call) -> bool:
-    """``print(message, file=sys.stderr)`` followed by ``raise`` or ``sys.exit``: an error
-    each rank stops with (its own, worth seeing), not a log line."""
-    stream = keyword(call, "file")
+    """A print followed by ``raise`` or ``sys.exit()`` (or, when it says "error", by
+    ``return``): a message each rank stops with, once, not a log line."""
     statement = facts.parents.get(call)
     block = facts.parents.get(statement) if statement is not None else None
-    if stream is None or dotted(stream) not in ("sys.stderr", "stderr") or block is None:
+    if block is None:
         return False
-    for field in ("body", "orelse", "finalbody", "handlers"):
+    for field in ("body", "orelse", "finalbody"):
         siblings = getattr(block, field, None)
         if isinstance(siblings, list) and statement in siblings:
             rest = siblings[siblings.index(statement) + 1 :]
-            if not rest:
-                return False
-            after = rest[0]
+            after = rest[0] if rest else None
             if isinstance(after, ast.Raise):
                 return True
+            if isinstance(after, ast.Return):
+                return "error" in ast.unparse(call).lower()
             return (
                 isinstance(after, ast.Expr)
                 and isinstance(after.value, ast.Call)
