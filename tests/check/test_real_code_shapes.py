@@ -161,3 +161,21 @@ def test_unittests_type_check_against_the_old_scaler_class() -> None:
             self.assertIsInstance(wrapper.scaler, torch.cuda.amp.GradScaler)
 """
     assert flagged(code, "PT012") == []
+
+
+def test_a_load_on_rank_0_is_not_a_save_that_others_must_wait_for() -> None:
+    code = (
+        DIST
+        + """
+    def load_sharded(path, local_rank):
+        if local_rank == 0:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        else:
+            state = torch.load(path, map_location="meta", weights_only=True)
+        return state
+"""
+    )
+    assert flagged(code, "PT026") == []
+    saved = code.replace('state = torch.load(path, map_location="cpu", weights_only=True)',
+                         "torch.save(model.state_dict(), path)")  # fmt: skip
+    assert flagged(saved, "PT026") == [13]

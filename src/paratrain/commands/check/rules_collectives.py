@@ -398,10 +398,13 @@ def _inner(facts: ModuleFacts, call: ast.Call, what: str, depth: int = 0) -> lis
 def _saves_on_main(facts: ModuleFacts, call: ast.Call) -> bool:
     """``call`` saves, on the main process only: guarded where it is called, or every save it
     makes is guarded inside the function it runs."""
+    guards = guards_of(facts)
+    if facts.qualname(call.func) == "torch.save":
+        return guards.main_only(call)
     saves = [s for s in _inner(facts, call, "save") if s is not call]
-    if facts.qualname(call.func) == "torch.save" or guards_of(facts).main_only(call):
-        return guards_of(facts).main_only(call)
-    return bool(saves) and all(guards_of(facts).main_only(s, within=True) for s in saves)
+    if not saves:  # a load (or anything else) under a rank-0 guard saves nothing
+        return False
+    return guards.main_only(call) or all(guards.main_only(s, within=True) for s in saves)
 
 
 PATH_WORDS = ("path", "file", "ckpt", "checkpoint", "dir", "best", "cache", "out", "weights",
