@@ -179,3 +179,14 @@ def test_a_load_on_rank_0_is_not_a_save_that_others_must_wait_for() -> None:
     saved = code.replace('state = torch.load(path, map_location="cpu", weights_only=True)',
                          "torch.save(model.state_dict(), path)")  # fmt: skip
     assert flagged(saved, "PT026") == [13]
+
+
+def test_a_version_test_is_told_from_a_name_that_contains_the_word() -> None:
+    code = """
+    import torch
+    if TORCH_VERSION < (1, 13):
+        state = torch.load("a.pt")
+    if not path.exists() or force_conversion:
+        state = torch.load("b.pt")
+"""
+    assert flagged(code, "PT008") == [6]

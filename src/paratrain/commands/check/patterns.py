@@ -613,9 +613,14 @@ def old_torch_branch(facts: ModuleFacts, node: ast.AST) -> bool:
             in_else = (
                 child in parent.orelse if isinstance(parent, ast.If) else child is parent.orelse
             )
-            text = ast.unparse(parent.test)
-            if "version" in text.lower() or (in_else and "hasattr" in text):
-                return True
+            names = [
+                n.id if isinstance(n, ast.Name) else n.attr
+                for n in ast.walk(parent.test)
+                if isinstance(n, (ast.Name, ast.Attribute))
+            ]
+            words = {w for name in names for w in (name or "").lower().split("_")}
+            if "version" in words or (in_else and "hasattr" in names):
+                return True  # `torch.__version__`, `TORCH_VERSION`; not `force_conversion`
     return False
 
 
