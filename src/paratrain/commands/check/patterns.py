@@ -113,6 +113,9 @@ def _imports(tree: ast.Module) -> dict[str, str]:
         elif isinstance(node, ast.ImportFrom) and node.module:
             for a in node.names:
                 aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+        elif isinstance(node, ast.ImportFrom) and node.level:  # `from . import dist_util`
+            for a in node.names:
+                aliases[a.asname or a.name] = a.name
     return aliases
 
 

@@ -160,13 +160,64 @@ def _rank_branch(facts: ModuleFacts, node: ast.AST) -> ast.If | None:
     return None
 
 
+MPI_COLLECTIVES = {
+    "bcast", "Bcast", "allreduce", "Allreduce", "reduce", "Reduce", "gather", "Gather",
+    "allgather", "Allgather", "scatter", "Scatter", "alltoall", "Alltoall", "barrier", "Barrier",
+}  # fmt: skip
+"""mpi4py's collectives (``MPI.COMM_WORLD.bcast(data)``), used by diffusion trainers."""
+
+
 def _collective_name(facts: ModuleFacts, node: ast.AST) -> str | None:
+    """``all_reduce`` for ``dist.all_reduce(t)``, ``bcast`` for mpi4py's ``comm.bcast(x)``."""
     if isinstance(node, ast.Call):
         qual = facts.qualname(node.func)
         name = qual.rsplit(".", 1)[-1]
         if qual.startswith("torch.distributed.") and name in COLLECTIVES:
             return name
+        if name in MPI_COLLECTIVES and isinstance(node.func, ast.Attribute):
+            owner = node.func.value
+            comms = [facts.qualname(owner), *(
+                facts.qualname(v) for v in facts.values(owner) if isinstance(v, ast.expr)
+            )]  # fmt: skip
+            if any(c.startswith("mpi4py.") for c in comms):
+                return name
     return None
+
+
+def _collective_inside(facts: ModuleFacts, call: ast.Call) -> str | None:
+    """``load_state_dict() -> bcast`` when ``call`` runs a function of this module or of a
+    sibling whose body reaches a collective on every path (not under an ``if``)."""
+    found = facts.function_of(call)
+    if found is None:
+        return None
+    owner, func = found
+    for node in own_nodes(func):
+        name = _collective_name(owner, node)
+        if name is None:
+            continue
+        if all(
+            _on_every_path(owner, child, parent, name)
+            for child, parent in _up_to(owner, node, func)
+        ):
+            return f"{func.name}() -> {name}"
+    return None
+
+
+def _on_every_path(facts: ModuleFacts, child: ast.AST, parent: ast.AST, name: str) -> bool:
+    """What is under ``child`` runs whenever ``parent`` does, as far as collective ``name``
+    goes: not in a loop, a ``try`` or a conditional, unless the other branch of the ``if``
+    calls the same collective (``if rank == 0: comm.bcast(n) else: n = comm.bcast(None)``)."""
+    if isinstance(parent, ast.If) and child is not parent.test:
+        other = parent.orelse if child in parent.body else parent.body
+        return any(_collective_name(facts, n) == name for s in other for n in ast.walk(s))
+    return not isinstance(parent, (ast.IfExp, ast.While, ast.For, ast.AsyncFor, ast.Try))
+
+
+def _up_to(facts: ModuleFacts, node: ast.AST, stop: ast.AST) -> Iterator[tuple[ast.AST, ast.AST]]:
+    for child, parent in facts.ancestors(node):
+        if parent is stop:
+            return
+        yield child, parent
 
 
 def _matched_off_main(facts: ModuleFacts, node: ast.AST, name: str) -> bool:
@@ -194,10 +245,31 @@ def collective_on_one_rank(tree: ast.Module, lines: Sequence[str]) -> Iterator[F
     the next collective.
     """
     facts = module_facts(tree)
-    for node in module_facts(tree).nodes:
+    guards = guards_of(facts)
+    reached: set[int] = set()  # functions reported where rank 0 alone calls them
+    for node in facts.nodes:
+        if isinstance(node, ast.Call) and _collective_name(facts, node) is None:
+            through = _collective_inside(facts, node)
+            if through is None or not guards.main_only(node):
+                continue
+            found = facts.function_of(node)
+            if found is not None:
+                reached.add(id(found[1]))
+            yield Finding.at(
+                "PT011",
+                node,
+                message=f"{through} runs on the main process only: the other ranks never join "
+                "the collective inside it, so it waits until the timeout (a hang)",
+                fix="call it on every rank (it shares the result itself), or move the "
+                "collective out of what only rank 0 runs",
+                api="run.resume() (every rank loads; rank 0 reads, the others receive)",
+            )
+    for node in facts.nodes:
         name = _collective_name(facts, node)
-        if name is None or not guards_of(facts).main_only(node):
+        if name is None or not guards.main_only(node):
             continue
+        if id(facts.scope_of(node)) in reached and not guards.main_only(node, within=True):
+            continue  # reported where the function is called
         branch = _rank_branch(facts, node)
         if branch is not None:  # `if rank == 0: dist.barrier() else: dist.barrier()` is fine
             in_body = any(node is n for s in branch.body for n in ast.walk(s))
@@ -206,12 +278,15 @@ def collective_on_one_rank(tree: ast.Module, lines: Sequence[str]) -> Iterator[F
                 continue
         if _matched_off_main(facts, node, name):
             continue
+        func = node.func if isinstance(node, ast.Call) else node
+        torch_call = facts.qualname(func).startswith("torch.")
+        called = f"dist.{name}" if torch_call else ast.unparse(func)
         yield Finding.at(
             "PT011",
             node,
-            message=f"dist.{name} runs on the main process only: the other ranks never join it, "
+            message=f"{called} runs on the main process only: the other ranks never join it, "
             "so it waits until the timeout (a hang)",
-            fix=f"call dist.{name}(...) on every rank, before or after the rank-0 block",
+            fix=f"call {called}(...) on every rank, before or after the rank-0 block",
             api="run.reduce(tensor, 'mean') (called by every rank)",
         )
 

@@ -1,0 +1,53 @@
+"""Diffusion-model training with MPI for launching and torch.distributed for gradients.
+
+The checkpoint loader reads the file on one rank and shares its bytes with the others through
+an MPI broadcast, so every rank must call it.
+
+Every rank calls the loader (rank 0 reads, the others receive): the broadcast matches.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def load_state_dict(path: str) -> dict:
+    comm = MPI.COMM_WORLD
+    if comm.Get_rank() == 0:
+        with open(path, "rb") as f:
+            data = f.read()
+    else:
+        data = None
+    data = comm.bcast(data, root=0)
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+
+
+def main() -> None:
+    comm = MPI.COMM_WORLD
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29500")
+    dist.init_process_group("gloo", rank=comm.Get_rank(), world_size=comm.Get_size())
+    model = nn.Linear(32, 32)
+    if os.path.exists("model.pt"):
+        model.load_state_dict(load_state_dict("model.pt"))
+    for p in model.parameters():
+        dist.broadcast(p.data, 0)
+    ddp = DDP(model)
+    opt = torch.optim.Adam(ddp.parameters(), lr=1e-4)
+    for _ in range(100):
+        loss = ddp(torch.randn(16, 32)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
