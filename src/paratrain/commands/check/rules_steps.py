@@ -395,6 +395,7 @@ def accumulation_not_divided(tree: ast.Module, lines: Sequence[str]) -> Iterator
     learning rate was tuned for (a sum instead of a mean); changing N changes the training.
     """
     facts = module_facts(tree)
+    yield from _micro_batch_findings(facts)
     for acc in _accumulations(facts):
         count = acc.count
         wanted = _names(count) - {""}
@@ -414,6 +415,73 @@ def accumulation_not_divided(tree: ast.Module, lines: Sequence[str]) -> Iterator
                 f"{ast.unparse(count)}).backward()",
                 api="with run.accumulate(model): run.backward(loss)",
             )
+
+
+def _micro_batch_loops(facts: ModuleFacts) -> Iterator[tuple[ast.For, ast.Call]]:
+    """``for i in range(0, n, micro):`` over slices ``x[i : i + micro]`` with a backward() on
+    every pass and no optimizer step inside: one step's gradients summed over micro-batches.
+    Yields (loop, backward call)."""
+    for loop in facts.nodes:
+        if not (
+            isinstance(loop, ast.For)
+            and isinstance(loop.target, ast.Name)
+            and isinstance(loop.iter, ast.Call)
+            and last_name(loop.iter.func) == "range"
+            and len(loop.iter.args) == 3
+        ):
+            continue
+        var, stride = loop.target.id, ast.unparse(loop.iter.args[2])
+        inside = [n for stmt in loop.body for n in ast.walk(stmt)]
+        sliced = any(
+            isinstance(n, ast.Slice)
+            and isinstance(n.lower, ast.Name)
+            and n.lower.id == var
+            and n.upper is not None
+            and stride in ast.unparse(n.upper)
+            for n in inside
+        )
+        if not sliced or any(isinstance(n, ast.Call) and _is_optimizer_step(n) for n in inside):
+            continue
+        for n in inside:
+            if isinstance(n, ast.Call) and method(n) == "backward" and _every_pass(facts, n, loop):
+                yield loop, n
+
+
+def _every_pass(facts: ModuleFacts, call: ast.Call, loop: ast.AST) -> bool:
+    """``call`` runs on every pass of ``loop``: no loop or function between, and each ``if``
+    around it has a backward() in its other branch too (``if fp16: scaled.backward() else:
+    loss.backward()``)."""
+    path = _between(facts, call, loop)
+    if path is None:
+        return False
+    child: ast.AST = call
+    for parent in path:
+        if isinstance(parent, (ast.IfExp, *LOOPS, *SCOPES)):
+            return False
+        if isinstance(parent, ast.If):
+            other = parent.orelse if child in parent.body else parent.body
+            if not any(method(n) == "backward" for s in other for n in ast.walk(s)):
+                return False
+        child = parent
+    return True
+
+
+def _micro_batch_findings(facts: ModuleFacts) -> Iterator[Finding]:
+    for loop, call in _micro_batch_loops(facts):
+        loss = _loss_of(call)
+        if any(_is_division(n) for n in ast.walk(loss)) or _divided(facts, loss, set()):
+            continue
+        stride = ast.unparse(loop.iter.args[2])  # type: ignore[attr-defined]
+        yield Finding.at(
+            "PT019",
+            call,
+            message=f"backward() runs for every micro-batch of {stride} and the optimizer "
+            "steps once for the whole batch: each micro-batch's mean loss adds its full "
+            "gradient, so the step is as many times too large as there are micro-batches",
+            fix="weigh each micro-batch's loss by its share of the batch: "
+            "(loss * micro.shape[0] / batch.shape[0]).backward()",
+            api="with run.accumulate(model): run.backward(loss)",
+        )
 
 
 @rule("PT022", "zero-grad-every-micro-batch", "zero_grad() on every micro-batch of accumulation")
