@@ -32,10 +32,39 @@ MODULE_METHODS = {"parameters", "named_parameters", "train", "eval", "modules", 
 TYPE_TESTS = ("isinstance", "hasattr")
 
 
+SAVE_HELPERS = ("save_on_master", "save_on_main", "save_on_rank0", "save_on_rank_zero")
+"""DeiT/DINO/MAE/DETR's ``utils.save_on_master(obj, path)``: torch.save on the main process."""
+
+
+def _forwards_to_save(facts: ModuleFacts, call: ast.Call) -> bool:
+    """``call`` runs a save helper: one named so, or a function of this module or a sibling
+    that hands its own arguments on to ``torch.save`` (``torch.save(*args, **kwargs)``)."""
+    if last_name(call.func) in SAVE_HELPERS:
+        return True
+    found = facts.function_of(call)
+    if found is None:
+        return False
+    owner, func = found
+    params = {a.arg for a in [*func.args.posonlyargs, *func.args.args]}
+    star = func.args.vararg.arg if func.args.vararg else None
+    for node in ast.walk(func):
+        if isinstance(node, ast.Call) and owner.qualname(node.func) == "torch.save" and node.args:
+            first = node.args[0]
+            if isinstance(first, ast.Starred) and dotted(first.value) == star:
+                return True
+            if isinstance(first, ast.Name) and first.id in params - {"self"}:
+                return True
+    return False
+
+
 def _saves(facts: ModuleFacts) -> Iterator[ast.Call]:
-    """``torch.save(obj, f)`` calls, written with ``obj`` first (``obj=`` moved there)."""
+    """``torch.save(obj, f)`` calls, written with ``obj`` first (``obj=`` moved there), and
+    calls of helpers that hand their arguments on to it (``utils.save_on_master(obj, f)``)."""
     for call, qual in facts.calls():
         if qual != "torch.save":
+            plain = call.args and not isinstance(call.args[0], ast.Starred)
+            if plain and _forwards_to_save(facts, call):
+                yield call
             continue
         if call.args:
             yield call
