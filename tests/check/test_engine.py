@@ -119,3 +119,26 @@ def test_the_report_says_what_was_not_entered(
     _tree(tmp_path / "only", ["build/a.py"])
     with pytest.raises(ConfigError, match=r"no \.py files in .* \(not entered: .*build"):
         scripts([tmp_path / "only"])
+
+
+def test_gitignore_negations_anchors_and_packages_named_like_builds(tmp_path: Path) -> None:
+    """Shapes met in public repositories: mmengine's ``dist/`` package of distributed helpers,
+    litgpt's ``data`` ignored everywhere but brought back for its package, detectron2's
+    ``/projects/*/datasets`` (one level, not any depth)."""
+    _tree(
+        tmp_path,
+        [
+            "lib/dist/__init__.py", "lib/dist/utils.py", "dist/wheel_helper.py",
+            "data/raw.py", "lib/data/__init__.py", "lib/data/loaders.py",
+            "projects/a/datasets/x.py", "projects/a/pkg/sets/datasets/y.py",
+        ],
+        gitignore="data\n!lib/data\n/projects/*/datasets\n",
+    )  # fmt: skip
+    found = scripts([tmp_path])
+    assert _checked(tmp_path, found.scripts) == [
+        "lib/data/__init__.py", "lib/data/loaders.py", "lib/dist/__init__.py",
+        "lib/dist/utils.py", "projects/a/pkg/sets/datasets/y.py",
+    ]  # fmt: skip
+    assert sorted(s.removeprefix(f"{tmp_path.as_posix()}/") for s in found.skipped) == [
+        "data (.gitignore)", "dist (excluded)", "projects/a/datasets (.gitignore)",
+    ]  # fmt: skip

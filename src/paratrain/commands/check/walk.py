@@ -16,7 +16,9 @@ name or a path relative to the folder named. A file named on the command line is
 from __future__ import annotations
 
 import fnmatch
+import functools
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,7 +70,10 @@ class Walk:
             dirs[:] = keep
             for name in files:
                 rel = (here / name).relative_to(root).as_posix()
-                if name.endswith(".py") and not _matches(name, rel, patterns + ignored, False):
+                left_out = _matches(name, rel, patterns, False) or _ignored(
+                    name, rel, ignored, False
+                )
+                if name.endswith(".py") and not left_out:
                     path = here / name
                     if path.is_file():
                         found.scripts.append(path)
@@ -84,30 +89,65 @@ def _why_skipped(
     if (path / "pyvenv.cfg").is_file():
         return "a virtual environment"
     if _matches(name, rel, patterns, True):
-        return "excluded"
-    if _matches(name, rel, ignored, True):
+        # A default name that is a Python package is code (mmengine's `dist/`), not a build.
+        default = name in DEFAULT_EXCLUDE and patterns[: len(DEFAULT_EXCLUDE)] == list(
+            DEFAULT_EXCLUDE
+        )
+        if not (default and (path / "__init__.py").is_file()):
+            return "excluded"
+    if _ignored(name, rel, ignored, True):
         return ".gitignore"
     return None
 
 
 def _matches(name: str, rel: str, patterns: list[str], is_dir: bool) -> bool:
+    return any(_match(name, rel, pattern, is_dir) for pattern in patterns)
+
+
+def _match(name: str, rel: str, pattern: str, is_dir: bool) -> bool:
+    """git's rules: a pattern with a ``/`` (but not only at its end) is anchored at the folder
+    named, and its ``*`` stays within one path part (``**`` crosses them); one without is
+    matched against the name at any depth; ``dir/`` matches folders only."""
+    core = pattern.rstrip("/")
+    if pattern.endswith("/") and not is_dir:
+        return False  # `logs/` leaves out folders only
+    if "/" in core:
+        return _glob(core.lstrip("/")).fullmatch(rel) is not None
+    return fnmatch.fnmatchcase(name, core)
+
+
+@functools.lru_cache(maxsize=512)
+def _glob(pattern: str) -> re.Pattern[str]:
+    parts = re.split(r"(\*\*/?|\*|\?)", pattern)
+    out = []
+    for part in parts:
+        if part in ("**", "**/"):
+            out.append(".*")
+        elif part == "*":
+            out.append("[^/]*")
+        elif part == "?":
+            out.append("[^/]")
+        else:
+            out.append(re.escape(part))
+    return re.compile("".join(out))
+
+
+def _ignored(name: str, rel: str, patterns: list[str], is_dir: bool) -> bool:
+    """Left out by ``.gitignore``: the last pattern that matches decides (``!`` ones bring a
+    path back, ``!litgpt/data`` after ``data``)."""
+    verdict = False
     for pattern in patterns:
-        core = pattern.rstrip("/")
-        if pattern.endswith("/") and not is_dir:
-            continue  # `logs/` leaves out folders only
-        if core.startswith("/") or "/" in core:  # anchored at the folder named
-            if fnmatch.fnmatch(rel, core.lstrip("/")):
-                return True
-        elif fnmatch.fnmatch(name, core):
-            return True
-    return False
+        negated = pattern.startswith("!")
+        if _match(name, rel, pattern[1:] if negated else pattern, is_dir):
+            verdict = not negated
+    return verdict
 
 
 def _gitignore(root: Path) -> list[str]:
-    """The patterns of ``root/.gitignore`` that leave something out (``!`` ones are not read)."""
+    """The patterns of ``root/.gitignore``, in order (``!`` ones included)."""
     try:
         text = (root / ".gitignore").read_text(encoding="utf-8", errors="replace")
     except OSError:
         return []
     lines = (line.strip() for line in text.splitlines())
-    return [line for line in lines if line and not line.startswith(("#", "!"))]
+    return [line for line in lines if line and not line.startswith("#")]
