@@ -212,31 +212,37 @@ def check_paths(
     assert RULE_MODULES  # importing them registered the rules
     rules = [r for r in rules_by_id().values() if select is None or r.id in select]
     report = Report()
-    parsed: dict[Path, tuple[ast.Module, list[str]]] = {}
     found = scripts(paths, walk)
     report.skipped = found.skipped
     named = list(dict.fromkeys(found.scripts))  # a script named twice is checked once
     report.named = len(named)
-    for path in named:
-        try:
-            parsed[path] = parse(path)
-        except ScriptError as err:
-            report.errors.append(str(err))
-            report.unparsed.append(err)
-    folders: dict[Path, dict[str, ast.Module]] = {}
-    for path, (tree, _) in parsed.items():
-        folders.setdefault(path.parent, {})[path.stem] = tree
     named_files = {p.resolve() for p in paths if p.is_file()}
     api_only = [r for r in rules if r.id in TEST_MODULE_RULES]
-    for path, (tree, lines) in parsed.items():
-        report.files += 1
-        siblings = {k: v for k, v in folders[path.parent].items() if k != path.stem}
-        chosen = rules
-        if is_test_module(path) and path.resolve() not in named_files:
-            chosen = api_only
-            report.test_modules += 1
-        report.findings += check_source(
-            tree, lines, path.as_posix(), chosen, siblings, report.failures
-        )
+    folders: dict[Path, list[Path]] = {}
+    for path in named:
+        folders.setdefault(path.parent, []).append(path)
+    # One folder at a time (a script's siblings are its folder's modules): the trees and facts
+    # of a folder are dropped once its scripts are checked, so memory follows the largest
+    # folder, not the whole tree.
+    for scripts_here in folders.values():
+        parsed: dict[Path, tuple[ast.Module, list[str]]] = {}
+        for path in scripts_here:
+            try:
+                parsed[path] = parse(path)
+            except ScriptError as err:
+                report.errors.append(str(err))
+                report.unparsed.append(err)
+        trees = {path.stem: tree for path, (tree, _) in parsed.items()}
+        for path, (tree, lines) in parsed.items():
+            report.files += 1
+            siblings = {k: v for k, v in trees.items() if k != path.stem}
+            chosen = rules
+            if is_test_module(path) and path.resolve() not in named_files:
+                chosen = api_only
+                report.test_modules += 1
+            report.findings += check_source(
+                tree, lines, path.as_posix(), chosen, siblings, report.failures
+            )
+        module_facts.cache_clear()
     report.findings.sort(key=lambda f: (f.path, f.line, f.col, f.rule))
     return report

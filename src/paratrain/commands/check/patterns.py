@@ -124,6 +124,7 @@ class ModuleFacts:
 
     def __init__(self, tree: ast.Module) -> None:
         self.tree = tree
+        self._scopes: dict[int, ast.AST] = {}
         self.aliases = _imports(tree)
         self.siblings: dict[str, ModuleFacts] = {}
         """Modules of the same folder by name (``engine`` for engine.py), set by the engine."""
@@ -273,10 +274,16 @@ class ModuleFacts:
 
     def scope_of(self, node: ast.AST) -> ast.AST:
         """The innermost function (or the module) that ``node`` belongs to."""
+        known = self._scopes.get(id(node))
+        if known is not None:
+            return known
+        found: ast.AST = self.tree
         for _, parent in self.ancestors(node):
             if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-                return parent
-        return self.tree
+                found = parent
+                break
+        self._scopes[id(node)] = found  # nodes of this tree live as long as the facts
+        return found
 
     def uses_distributed(self) -> bool:
         """The script imports torch.distributed or starts a process group (``pt.Run``, which
@@ -336,6 +343,10 @@ class ModuleFacts:
 
     def _method_of_instance(self, owner: ast.expr, name: str) -> Function | None:
         """``trainer.fit`` with ``trainer = Trainer(...)``: the method of this module's class."""
+        if not any(
+            isinstance(self.parents.get(f), ast.ClassDef) for f in self.functions.get(name, [])
+        ):
+            return None  # no class here has such a method: nothing to follow
         classes = {
             v.func.id
             for v in self.values(owner)

@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 from paratrain.commands.check.findings import Finding, rule
 from paratrain.commands.check.guards import guards_of
 from paratrain.commands.check.patterns import (
+    Function,
     ModuleFacts,
     dotted,
     keyword,
@@ -191,6 +192,13 @@ def _collective_inside(facts: ModuleFacts, call: ast.Call) -> str | None:
     if found is None:
         return None
     owner, func = found
+    key = ("collective inside", id(func))
+    if key not in owner.memo:
+        owner.memo[key] = _first_collective(owner, func)
+    return owner.memo[key]  # type: ignore[return-value]
+
+
+def _first_collective(owner: ModuleFacts, func: Function) -> str | None:
     for node in own_nodes(func):
         name = _collective_name(owner, node)
         if name is None:

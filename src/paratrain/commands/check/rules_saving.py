@@ -39,8 +39,11 @@ SAVE_HELPERS = ("save_on_master", "save_on_main", "save_on_rank0", "save_on_rank
 def _forwards_to_save(facts: ModuleFacts, call: ast.Call) -> bool:
     """``call`` runs a save helper: one named so, or a function of this module or a sibling
     that hands its own arguments on to ``torch.save`` (``torch.save(*args, **kwargs)``)."""
-    if last_name(call.func) in SAVE_HELPERS:
+    name = last_name(call.func)
+    if name in SAVE_HELPERS:
         return True
+    if name not in _forwarders(facts):
+        return False
     found = facts.function_of(call)
     if found is None:
         return False
@@ -55,6 +58,26 @@ def _forwards_to_save(facts: ModuleFacts, call: ast.Call) -> bool:
             if isinstance(first, ast.Name) and first.id in params - {"self"}:
                 return True
     return False
+
+
+def _forwarders(facts: ModuleFacts) -> set[str]:
+    """Names of the functions of this module and its siblings that call ``torch.save`` with
+    a name as their first argument (candidates for :func:`_forwards_to_save`)."""
+    return set().union(*(_own_forwarders(owner) for owner in (facts, *facts.siblings.values())))
+
+
+def _own_forwarders(owner: ModuleFacts) -> set[str]:
+    cached = owner.memo.get("save forwarders")
+    if cached is None:
+        names: set[str] = set()
+        for call, qual in owner.calls():
+            first = call.args[0] if call.args else None
+            if qual == "torch.save" and isinstance(first, (ast.Name, ast.Starred)):
+                scope = owner.scope_of(call)
+                if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    names.add(scope.name)
+        owner.memo["save forwarders"] = cached = names
+    return cached  # type: ignore[return-value]
 
 
 def _saves(facts: ModuleFacts) -> Iterator[ast.Call]:
