@@ -38,7 +38,7 @@ other = torch.load("m.pt", map_location="cpu")  # paratrain: ignore[PT008]
 
 FIXED = (
     SCRIPT.replace('x.to("cuda")', 'x = x.to("cuda")')
-    .replace("batch_size=2, shuffle=True, sampler", "batch_size=2, sampler")
+    .replace("shuffle=True, sampler", "shuffle=sampler is None, sampler")
     .replace("torch.cuda.amp.GradScaler(init_scale", 'torch.amp.GradScaler("cuda", init_scale')
     .replace("with torch.cuda.amp.autocast():", 'with torch.autocast("cuda"):')
     .replace('map_location="cpu",)', 'map_location="cpu", weights_only=True)')

@@ -7,7 +7,8 @@
 Only rewrites that keep the script's meaning except for the mistake are offered:
 
 - PT002 ``x.to(device)`` as a statement → ``x = x.to(device)``;
-- PT004 ``DataLoader(..., shuffle=True, sampler=s)`` → the ``shuffle=True`` argument removed;
+- PT004 ``DataLoader(..., shuffle=True, sampler=s)`` → ``shuffle=s is None`` (the sampler orders
+  the batches; a ``sampler=None`` in one process keeps its shuffle);
 - PT008 ``torch.load(path)`` → ``torch.load(path, weights_only=True)`` (torch's default since 2.6);
 - PT012 ``torch.cuda.amp.autocast(k=v)`` → ``torch.autocast("cuda", k=v)`` and
   ``torch.cuda.amp.GradScaler(k=v)`` → ``torch.amp.GradScaler("cuda", k=v)``, written exactly so
@@ -142,7 +143,7 @@ def _edit(rule: str, node: ast.AST, text: str, where: _Offsets) -> Edit | None:
     if not isinstance(node, ast.Call):
         return None
     if rule == "PT004":
-        return _drop_keyword(node, "shuffle", text, where)
+        return _shuffle_unless_sampled(node, where)
     if rule == "PT008":
         return _add_keyword(node, "weights_only=True", text, where)
     if rule == "PT012" and not node.args:
@@ -154,17 +155,19 @@ def _edit(rule: str, node: ast.AST, text: str, where: _Offsets) -> Edit | None:
     return None
 
 
-def _drop_keyword(call: ast.Call, name: str, text: str, where: _Offsets) -> Edit | None:
-    items: list[ast.AST] = [*call.args, *call.keywords]
-    items.sort(key=lambda n: (n.lineno, n.col_offset))  # type: ignore[attr-defined]
-    for i, item in enumerate(items):
-        if isinstance(item, ast.keyword) and item.arg == name:
-            if i + 1 < len(items):  # up to the next argument: its comma goes too
-                return Edit(where.start(item), where.start(items[i + 1]), "")
-            if i > 0:  # the last argument: from the end of the one before it
-                return Edit(where.end(items[i - 1]), where.end(item), "")
-            return Edit(where.start(item), where.end(item), "")
-    return None
+def _shuffle_unless_sampled(call: ast.Call, where: _Offsets) -> Edit | None:
+    """``shuffle=True, sampler=s`` -> ``shuffle=s is None, sampler=s``: the sampler orders the
+    batches when there is one, and a script that passes ``sampler=None`` in one process keeps
+    its shuffle there (dropping ``shuffle=True`` would stop it). Only for both keywords written
+    in the call, the sampler a plain name."""
+    given = {k.arg: k for k in call.keywords}
+    shuffle, sampler = given.get("shuffle"), given.get("sampler")
+    if shuffle is None or sampler is None:
+        return None
+    if not isinstance(sampler.value, (ast.Name, ast.Attribute)):
+        return None
+    value = shuffle.value
+    return Edit(where.start(value), where.end(value), f"{ast.unparse(sampler.value)} is None")
 
 
 def _add_keyword(call: ast.Call, keyword: str, text: str, where: _Offsets) -> Edit | None:

@@ -257,8 +257,9 @@ def shuffle_with_sampler(tree: ast.Module, lines: Sequence[str]) -> Iterator[Fin
                 call,
                 message="DataLoader raises ValueError (sampler option is mutually exclusive "
                 "with shuffle): the sampler decides the order",
-                fix="drop shuffle=True from the DataLoader and shuffle in the sampler: "
-                "DistributedSampler(dataset, shuffle=True)",
+                fix="let the sampler shuffle: DistributedSampler(dataset, shuffle=True), and "
+                "shuffle=sampler is None in the DataLoader (a run without a sampler keeps its "
+                "shuffle)",
                 api=LOADER_API,
             )
 
