@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.dist, pytest.mark.e2e]
 # One script with a finding of every rule --fix rewrites. PT004's DataLoader is built only
 # when there is no sampler, so that the original runs at 2 ranks too; the script below
 # (SAMPLED) is the one whose original cannot.
-EVERY_FIX = '''
+EVERY_FIX = """
 import json
 import os
 import sys
@@ -75,9 +75,9 @@ def main(out):
 
 if __name__ == "__main__":
     main(sys.argv[1])
-'''
+"""
 
-SAMPLED = '''
+SAMPLED = """
 import json
 import os
 import sys
@@ -116,7 +116,7 @@ def main(out):
 
 if __name__ == "__main__":
     main(sys.argv[1])
-'''
+"""
 
 
 def _fixed(tmp: Path, name: str, text: str, rules: set[str]) -> tuple[Path, Path]:
