@@ -302,20 +302,25 @@ def _whole(*, low: int, high: int | None = None, optional: bool = False, hint: s
     return Rule(check, f"{text}{', None' if optional else ''}")
 
 
-def _number(*, high: float, optional: bool = False, hint: str = "") -> Rule:
+def _number(*, high: float, optional: bool = False, hint: str = "", low: float = 0.0) -> Rule:
+    """A number in ``(0, high]``, or ``[low, high]`` when ``low`` is given."""
+
     def check(name: str, value: object) -> None:
         if optional and value is None:
             return
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if not ok or not 0 < value <= high:  # type: ignore[operator]
+        inside = ok and (low <= value if low else value > 0) and value <= high  # type: ignore[operator]
+        if not inside:
             allowed = "None or " if optional else ""
+            above = f"at least {low:g}" if low else "above 0"
             raise ConfigError(
-                f"{name} must be {allowed}a number above 0 and at most {high:g}, got {value!r}"
+                f"{name} must be {allowed}a number {above} and at most {high:g}, got {value!r}"
                 f"{f' ({hint})' if hint else ''}."
             )
 
     most = f"{high:,.0f}" if high < 1e15 else f"{high:g}"
-    return Rule(check, f"number > 0, ≤ {most}{', None' if optional else ''}")
+    least = f"≥ {low:g}" if low else "> 0"
+    return Rule(check, f"number {least}, ≤ {most}{', None' if optional else ''}")
 
 
 def _flag(name: str, value: object) -> None:
@@ -422,7 +427,12 @@ _RULES: dict[str, Rule] = {
     "mlflow_tracking_uri": Rule(check_uri, "tracking URI (str), None"),
     "progress": FLAG,
     "profile": Rule(check_profile_setting, "`True`, `pt.Profile(...)`, dict of its fields, None"),
-    "timeout_s": _number(high=30 * 86400, hint="seconds; at most 30 days"),
+    "timeout_s": _number(
+        high=30 * 86400,
+        low=1.0,
+        hint="seconds: no collective, not even a process group's first one, completes in less "
+        "than one; at most 30 days",
+    ),
     "watchdog": FLAG,
     "device_ids": Rule(_device_ids, "list of GPU indices, None"),
     "sync_batchnorm": FLAG,

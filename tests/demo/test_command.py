@@ -63,3 +63,29 @@ def test_the_default_epochs_is_the_one_that_reaches_the_target() -> None:
 def _help_of(flag: str) -> str:
     action = next(a for a in _demo_parser()._actions if flag in a.option_strings)
     return str(action.help)
+
+
+def test_the_demo_without_its_extra_stops_at_once_with_the_install_line() -> None:
+    """Without the [demo] extra the demo refuses before any rank starts: one paragraph naming
+    what is missing and the install line, exit 2, in about the time of the interpreter's start
+    (torch is not imported). The missing packages are hidden from a fresh interpreter."""
+    code = (
+        "import importlib.util, sys, time\n"
+        "real = importlib.util.find_spec\n"
+        "importlib.util.find_spec = lambda name, *a: None if name in "
+        "('sklearn', 'tensorboard') else real(name, *a)\n"
+        "from paratrain.commands.cli import main\n"
+        "start = time.perf_counter()\n"
+        "try:\n"
+        "    code = main(['demo'])\n"
+        "except SystemExit as stop:\n"
+        "    code = stop.code\n"
+        "print(code, round(time.perf_counter() - start, 3), 'torch' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    status, took, torch_imported = done.stdout.split()  # and nothing printed before
+    assert status == "2" and torch_imported == "False" and float(took) < 1.0, done.stdout
+    assert "needs scikit-learn, tensorboard (the [demo] extra)" in done.stderr
+    assert 'pip install "paratrain[demo]"' in done.stderr and "Traceback" not in done.stderr

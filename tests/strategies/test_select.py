@@ -83,9 +83,25 @@ def test_sync_batchnorm_needs_a_process_group(strategy: str, gpus: int) -> None:
     assert "ddp" in str(err.value)
 
 
-def test_sync_batchnorm_on_cpu_ranks_is_refused() -> None:
-    with pytest.raises(ConfigError, match="GPUs only"):
-        select_strategy(RunConfig(strategy="ddp", sync_batchnorm=True), topo(world=2), gpus=0)
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "tp", "pipeline"])
+def test_sync_batchnorm_on_cpu_ranks_is_refused_before_the_first_forward(strategy: str) -> None:
+    config = RunConfig(strategy=strategy, sync_batchnorm=True)
+    with pytest.raises(ConfigError, match=f"CPU ranks \\(strategy '{strategy}'\\).*GPUs only"):
+        select_strategy(config, topo(world=2), gpus=0)
+
+
+def test_broadcast_buffers_is_a_ddp_option() -> None:
+    with pytest.raises(ConfigError, match="broadcast_buffers is a 'ddp' option.*'cpu'"):
+        select_strategy(RunConfig(strategy="cpu", broadcast_buffers=False), topo(), gpus=0)
+    chosen = select_strategy(RunConfig(strategy="ddp", broadcast_buffers=False), topo(2), gpus=0)
+    assert chosen.strategy.name == "ddp"
+
+
+@pytest.mark.parametrize("value", [1e-9, 0.5, 0])
+def test_a_timeout_no_collective_can_meet_is_refused(value: float) -> None:
+    with pytest.raises(ConfigError, match="timeout_s must be a number at least 1 .*no collective"):
+        RunConfig(timeout_s=value)
+    assert RunConfig(timeout_s=1).timeout_s == 1
 
 
 @pytest.mark.parametrize("strategy", ["cpu", "single", "dp"])

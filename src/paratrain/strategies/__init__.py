@@ -136,6 +136,7 @@ _OPTIONS_OF: dict[str, dict[str, object]] = {
         "static_graph": False,
         "powersgd_rank": 1,
         "powersgd_warmup": 10,
+        "broadcast_buffers": True,
     },
     "fsdp": {
         "fsdp_wrap": (),

@@ -110,6 +110,12 @@ class Strategy:
                 "DataParallel it silently does nothing). Use strategy='ddp' on GPUs, or drop "
                 "sync_batchnorm."
             )
+        if config.sync_batchnorm and accelerator != "cuda":
+            raise ConfigError(
+                f"sync_batchnorm=True on CPU ranks (strategy {cls.name!r}): torch's SyncBatchNorm "
+                "runs on GPUs only and would fail at the first forward. Drop sync_batchnorm (each "
+                "rank then normalises over its own per-rank batch) or train on GPUs."
+            )
 
     @classmethod
     def device_for(cls, topology: Topology, accelerator: str, config: RunConfig) -> torch.device:

@@ -58,12 +58,6 @@ class DDPStrategy(Strategy):
     def check(cls, config: RunConfig, topology: Topology, accelerator: str, gpus: int) -> None:
         super().check(config, topology, accelerator, gpus)
         check_ranks_fit_gpus(cls.name, topology, accelerator, gpus)
-        if config.sync_batchnorm and accelerator != "cuda":
-            raise ConfigError(
-                "sync_batchnorm=True on CPU ranks: torch's SyncBatchNorm runs on GPUs only. Drop "
-                "sync_batchnorm (each rank then normalises over its own per-rank batch) or train "
-                "on GPUs."
-            )
         powersgd_set = (config.powersgd_rank, config.powersgd_warmup) != (1, 10)
         if powersgd_set and config.comm_hook != "powersgd":
             raise ConfigError(

@@ -9,6 +9,7 @@ Imports no torch until the command runs, so ``paratrain demo --help`` answers at
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import subprocess
 import time
@@ -91,6 +92,23 @@ def say(text: str) -> None:
     print(f"paratrain demo: {text}", flush=True)
 
 
+DEMO_NEEDS = {"sklearn": "scikit-learn", "matplotlib": "matplotlib", "tensorboard": "tensorboard"}
+"""What the ``[demo]`` extra installs: the digits data, the plot, the logged curves."""
+
+
+def check_demo_extra() -> None:
+    """EnvironmentMismatchError (exit 2) naming the install line when the ``[demo]`` extra is
+    missing: found in a fraction of a second, before any rank starts (no import of them)."""
+    found = importlib.util.find_spec
+    missing = [dist for module, dist in DEMO_NEEDS.items() if found(module) is None]
+    if missing:
+        raise EnvironmentMismatchError(
+            f"`paratrain demo` needs {', '.join(missing)} (the [demo] extra), which "
+            f"{'is' if len(missing) == 1 else 'are'} not installed here. Install it with: "
+            'pip install "paratrain[demo]" (from a clone: pip install -e ".[demo]", or make demo).'
+        )
+
+
 def _preflight(args: argparse.Namespace) -> tuple[int, int, str]:
     """Validate everything a rank would, before starting any rank: (ranks, GPUs, what runs)."""
     try:
@@ -160,6 +178,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     clock = _Clock()
+    check_demo_extra()  # before any message that promises work
     say("checking the settings (this process imports torch first, ~2 s) ...")
     job = _prepare(args)
     clock.lap("checking the settings", "this process imports torch")
