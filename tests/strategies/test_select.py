@@ -91,7 +91,7 @@ def test_sync_batchnorm_on_cpu_ranks_is_refused_before_the_first_forward(strateg
 
 
 def test_broadcast_buffers_is_a_ddp_option() -> None:
-    with pytest.raises(ConfigError, match="broadcast_buffers is a 'ddp' option.*'cpu'"):
+    with pytest.raises(ConfigError, match=r"broadcast_buffers is a 'ddp' option.*'cpu'"):
         select_strategy(RunConfig(strategy="cpu", broadcast_buffers=False), topo(), gpus=0)
     chosen = select_strategy(RunConfig(strategy="ddp", broadcast_buffers=False), topo(2), gpus=0)
     assert chosen.strategy.name == "ddp"
@@ -99,7 +99,7 @@ def test_broadcast_buffers_is_a_ddp_option() -> None:
 
 @pytest.mark.parametrize("value", [1e-9, 0.5, 0])
 def test_a_timeout_no_collective_can_meet_is_refused(value: float) -> None:
-    with pytest.raises(ConfigError, match="timeout_s must be a number at least 1 .*no collective"):
+    with pytest.raises(ConfigError, match=r"timeout_s must be a number at least 1 .*no collective"):
         RunConfig(timeout_s=value)
     assert RunConfig(timeout_s=1).timeout_s == 1
 
