@@ -22,7 +22,8 @@ from pathlib import Path
 
 from torch.nn import Module
 
-from paratrain.checkpoint.object_storage import check_url, is_url, looks_mangled
+from paratrain.checkpoint.backends import check_location
+from paratrain.checkpoint.object_storage import is_url, looks_mangled
 from paratrain.core.paths import check_creatable
 from paratrain.errors import ConfigError
 from paratrain.plans.mesh import check_mesh_setting
@@ -358,7 +359,7 @@ def _policy(name: str, value: object) -> None:
 
 def _checkpoint_dir(name: str, value: object) -> None:
     if is_url(value):
-        check_url(str(value), name)
+        check_location(str(value), name)
     elif looks_mangled(value):
         raise ConfigError(
             f"{name}={str(value)!r} looks like a URL with one slash after the protocol (a typo, "

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from paratrain.checkpoint import storage as storage_module
+from paratrain.checkpoint.backends import open_storage, register_storage
 from paratrain.checkpoint.local_storage import LocalStorage
 from paratrain.checkpoint.memory_storage import MemoryStorage
 from paratrain.checkpoint.object_storage import FsspecStorage
@@ -22,9 +23,7 @@ from paratrain.checkpoint.storage import (
     Source,
     Storage,
     download,
-    open_storage,
     read_source,
-    register_storage,
 )
 from paratrain.errors import ConfigError
 from tests.checkpoint.test_object_store import STOP, _train

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from paratrain.checkpoint.backends import fetched, open_storage
 from paratrain.checkpoint.durable_writes import atomic_replace, atomic_torch_save
 from paratrain.checkpoint.formats import FORMATS, describe
 from paratrain.checkpoint.loading import (
@@ -31,10 +32,10 @@ from paratrain.checkpoint.loading import (
     strip_wrappers,
 )
 from paratrain.checkpoint.manifest import MANIFEST, Manifest
-from paratrain.checkpoint.object_storage import fetched, is_url, relabel
+from paratrain.checkpoint.object_storage import is_url, relabel
 from paratrain.checkpoint.restore import load_trainer
 from paratrain.checkpoint.safetensors_io import write_safetensors
-from paratrain.checkpoint.storage import open_storage, url_of
+from paratrain.checkpoint.storage import url_of
 from paratrain.checkpoint.store import PREFIX
 from paratrain.core.paths import check_new, existing
 from paratrain.errors import CheckpointError

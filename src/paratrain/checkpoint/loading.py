@@ -28,10 +28,11 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
+from paratrain.checkpoint.backends import fetched
 from paratrain.checkpoint.dcp_io import read_dcp_tensors
 from paratrain.checkpoint.formats import ACCEPTED
 from paratrain.checkpoint.manifest import MANIFEST, Manifest
-from paratrain.checkpoint.object_storage import fetched, is_url
+from paratrain.checkpoint.object_storage import is_url
 from paratrain.checkpoint.weight_files import (
     MapLocation,
     move_to,

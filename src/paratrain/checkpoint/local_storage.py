@@ -24,7 +24,7 @@ from typing import Any
 
 from paratrain.checkpoint.durable_writes import fsync_dir
 from paratrain.checkpoint.formats import describe
-from paratrain.checkpoint.storage import Entry, Source
+from paratrain.checkpoint.storage import Entry, Source, no_options
 from paratrain.errors import ConfigError, StorageError
 
 _TMP = ".put-"
@@ -41,11 +41,7 @@ class LocalStorage:
     @classmethod
     def open(cls, url: str, options: Mapping[str, Any]) -> LocalStorage:
         """``file:///abs/path`` (no storage options)."""
-        if options:
-            raise ConfigError(
-                f"a file:// location takes no storage options (got {sorted(options)}); remove "
-                "ckpt_storage_options"
-            )
+        no_options("file", options)
         path = url.split("://", 1)[1]
         if not path.startswith("/"):
             raise ConfigError("a file:// URL needs an absolute path, e.g. file:///mnt/ckpt/run1")

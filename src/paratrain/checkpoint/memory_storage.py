@@ -17,8 +17,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from paratrain.checkpoint.storage import Entry, Source, read_source
-from paratrain.errors import ConfigError
+from paratrain.checkpoint.storage import Entry, Source, no_options, read_source
 
 _STORES: dict[str, dict[str, tuple[bytes, Entry]]] = {}
 _LOCK = threading.Lock()
@@ -36,11 +35,7 @@ class MemoryStorage:
     @classmethod
     def open(cls, url: str, options: Mapping[str, Any]) -> MemoryStorage:
         """``memory://<name>`` (no storage options)."""
-        if options:
-            raise ConfigError(
-                f"a memory:// location takes no storage options (got {sorted(options)}); "
-                "remove ckpt_storage_options"
-            )
+        no_options("memory", options)
         return cls(url)
 
     def __repr__(self) -> str:

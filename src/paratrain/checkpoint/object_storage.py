@@ -9,8 +9,6 @@ errors that name the fix.
     storage.put([(Path("staging/step-00000010/trainer.pt"), "step-00000010/trainer.pt")])
     storage.get("step-00000010/trainer.pt", start=0, end=8)
     storage.delete(["step-00000010/manifest.json"])
-    with fetched("s3://bucket/run1/step-00000010") as local:   # a local copy, removed after
-        read_state_dict(local)
 
 Endpoints and credentials come the fsspec way: the environment (``AWS_ENDPOINT_URL``,
 ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``, ...) and the options handed to
@@ -23,24 +21,16 @@ from __future__ import annotations
 import contextlib
 import datetime
 import re
-import tempfile
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
 
 from paratrain.checkpoint.formats import describe
-from paratrain.checkpoint.storage import (
-    Entry,
-    Source,
-    fetch_all,
-    open_storage,
-    registered,
-    url_of,
-)
+from paratrain.checkpoint.storage import Entry, Source, url_of
 from paratrain.core.paths import URL as _URL
 from paratrain.core.paths import is_url as is_url  # where the checkpoint modules look
-from paratrain.errors import CheckpointError, ConfigError, ParatrainError, StorageError
+from paratrain.errors import ConfigError, ParatrainError, StorageError
 
 T = TypeVar("T")
 _MANGLED = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]+:/[^/]")
@@ -69,8 +59,6 @@ def check_url(url: str, what: str, error: type[ParatrainError] = ConfigError) ->
             f"{' (three slashes after the protocol)' if rest.startswith('/') else ''}. Pass e.g. "
             f"{what}='{protocol}://my-bucket/run1'."
         )
-    if registered(url):  # a backend of paratrain's own: opening it checks the rest
-        return
     try:
         import fsspec
     except ImportError:
@@ -298,21 +286,6 @@ def explain(err: BaseException, doing: str, url: str) -> str:
 def _bucket(url: str) -> str:
     """The bucket (first path part) of an object store URL; '' when it is empty."""
     return url.split("://", 1)[-1].split("/", 1)[0]
-
-
-@contextlib.contextmanager
-def fetched(url: str, options: Mapping[str, Any] | None = None) -> Iterator[Path]:
-    """A local copy of the file or folder at ``url`` in a temporary folder, removed afterwards.
-    A ParatrainError raised inside names ``url`` instead of the copy."""
-    storage = open_storage(url, options, what="The checkpoint URL", error=CheckpointError)
-    with tempfile.TemporaryDirectory(prefix="paratrain-fetch-") as tmp:
-        name = PurePosixPath(storage.url.split("://", 1)[-1]).name
-        local = Path(tmp) / (name or "checkpoint")
-        fetch_all(storage, local)
-        try:
-            yield local
-        except ParatrainError as err:
-            raise type(err)(str(err).replace(str(local), storage.url)) from None
 
 
 def relabel(value: T, local: Path, url: str) -> T:

@@ -38,6 +38,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from paratrain.checkpoint.backends import open_storage
 from paratrain.checkpoint.formats import describe
 from paratrain.checkpoint.manifest import (
     MANIFEST,
@@ -51,7 +52,6 @@ from paratrain.checkpoint.storage import (
     Entry,
     Storage,
     download,
-    open_storage,
     read_objects,
     url_of,
 )

@@ -1,9 +1,7 @@
-"""Where checkpoints live: a small protocol every backend implements, and the one table that
-picks a backend for a URL.
+"""Where checkpoints live: the small protocol every backend implements, and what works over any
+of them (a download in pieces, a whole folder fetched). ``backends.py`` picks a backend for a URL.
 
-    storage = open_storage("s3://bucket/run1")          # FsspecStorage (s3fs)
-    storage = open_storage("file:///mnt/shared/run1")   # LocalStorage
-    storage = open_storage("memory://run1")             # MemoryStorage (one process)
+    storage = open_storage("s3://bucket/run1")          # backends.py: FsspecStorage (s3fs)
     storage.put([(Path("staging/trainer.pt"), "step-00000010/trainer.pt")])
     storage.commit("step-00000010/manifest.json", text)  # the object that publishes the rest
     storage.list("step-00000010")       # {"trainer.pt": Entry(size=...), "manifest.json": ...}
@@ -20,7 +18,8 @@ text names the URL, the operation and the fix. That is all
 disk with the local store's crash-safe code, then puts the files and commits the manifest.
 
 A new backend is one module: a class with these methods, registered for its URL scheme with
-:func:`register_storage` (see docs/project/architecture.md, "Where things go"). The backends
+:func:`~paratrain.checkpoint.backends.register_storage` (see docs/project/architecture.md, "Where
+things go"). The backends
 here: :class:`~paratrain.checkpoint.local_storage.LocalStorage` (``file://``),
 :class:`~paratrain.checkpoint.memory_storage.MemoryStorage` (``memory://``) and
 :class:`~paratrain.checkpoint.object_storage.FsspecStorage` (every other fsspec URL).
@@ -28,16 +27,13 @@ here: :class:`~paratrain.checkpoint.local_storage.LocalStorage` (``file://``),
 
 from __future__ import annotations
 
-import importlib
-import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from paratrain.core.paths import URL
-from paratrain.errors import CheckpointError, ConfigError, ParatrainError
+from paratrain.errors import CheckpointError, ConfigError
 
 PIECE_BYTES = 64 << 20
 """Bytes per ``get`` when a backend without a download of its own copies an object to a file."""
@@ -150,56 +146,10 @@ def read_source(source: Source) -> bytes:
     return source if isinstance(source, bytes) else Path(source).read_bytes()
 
 
-# -- choosing a backend by URL ----------------------------------------------------------------
-Opener = Callable[[str, Mapping[str, Any]], Storage]
-"""``(url, options) -> Storage``; raises ConfigError for options it cannot use."""
-
-_BACKENDS: dict[str, str | Opener] = {
-    "file": "paratrain.checkpoint.local_storage:LocalStorage.open",
-    "memory": "paratrain.checkpoint.memory_storage:MemoryStorage.open",
-}
-"""URL scheme -> opener (or ``"module:attribute"``, imported when first used). Every other
-scheme goes to fsspec (:class:`~paratrain.checkpoint.object_storage.FsspecStorage`)."""
-
-
-def register_storage(scheme: str, opener: Opener | str) -> None:
-    """Use ``opener`` for URLs ``<scheme>://...`` (``ckpt_dir``, ``paratrain ckpt``)::
-
-    register_storage("vault", VaultStorage.open)   # before pt.Run(ckpt_dir="vault://...")
-    """
-    _BACKENDS[scheme.lower()] = opener
-
-
-def registered(url: str) -> bool:
-    """True when ``url``'s scheme has a backend of its own (not fsspec)."""
-    return _scheme(url) in _BACKENDS
-
-
-def open_storage(
-    url: str,
-    options: Mapping[str, Any] | None = None,
-    *,
-    what: str = "ckpt_dir",
-    error: type[ParatrainError] = ConfigError,
-) -> Storage:
-    """The backend for ``url``; ``options`` (``ckpt_storage_options``) go to its opener."""
-    opener = _BACKENDS.get(_scheme(url))
-    if opener is None:
-        from paratrain.checkpoint.object_storage import FsspecStorage
-
-        return FsspecStorage.open(url, options, what=what, error=error)
-    if isinstance(opener, str):
-        module, _, attribute = opener.partition(":")
-        found: Any = importlib.import_module(module)
-        for part in attribute.split("."):
-            found = getattr(found, part)
-        opener = _BACKENDS[_scheme(url)] = found
-    try:
-        return opener(url, dict(options or {}))
-    except ParatrainError as err:
-        raise error(f"{what} {url!r}: {err}") from None
-
-
-def _scheme(url: str) -> str:
-    match = URL.match(os.fspath(url))
-    return match.group(1).lower() if match else ""
+def no_options(scheme: str, options: Mapping[str, Any]) -> None:
+    """ConfigError for storage options given to a backend that takes none."""
+    if options:
+        raise ConfigError(
+            f"a {scheme}:// location takes no storage options (got {sorted(options)}); remove "
+            "ckpt_storage_options"
+        )
