@@ -34,6 +34,7 @@ from paratrain.checkpoint.state import adoptable, collect
 from paratrain.checkpoint.store import CheckpointStore, SaveRequest, distributed
 from paratrain.core.version import __version__
 from paratrain.data.loader import DeviceLoader
+from paratrain.distributed.collectives import gather
 from paratrain.errors import CheckpointDamagedError, CheckpointError, ConfigError
 from paratrain.runtime.loop_state import LoopState, loop_to_save
 from paratrain.runtime.per_rank import extras_of_rank, objects_of_every_rank, per_rank_restorer
@@ -153,18 +154,9 @@ def save(
         )
         for u in tracked.units
     }
-    trainer["rng"] = _of_every_rank(trainer["rng"])
+    trainer["rng"] = gather(trainer["rng"])  # [rank] -> that rank's generators
     request = SaveRequest(states=states, trainer=trainer, manifest=manifest, sharded=sharded)
     return store.save(request, background=background)
-
-
-def _of_every_rank(local: Any) -> list[Any]:
-    """``[rank] -> value`` (collective)."""
-    if not distributed():
-        return [local]
-    every: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(every, local)
-    return every
 
 
 def _streams_of_every_rank(loaders: list[DeviceLoader[Any]]) -> list[dict[str, Any]]:
@@ -175,13 +167,7 @@ def _streams_of_every_rank(loaders: list[DeviceLoader[Any]]) -> list[dict[str, A
         for ld in loaders
         if ld.stream is not None and ld.train
     }
-    if not local:
-        return []
-    if not (dist.is_available() and dist.is_initialized()):
-        return [local]
-    every: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(every, local)
-    return every
+    return gather(local) if local else []
 
 
 def resume(
