@@ -20,10 +20,7 @@ from paratrain.commands.cli import main as cli
 
 pytestmark = [pytest.mark.dist, pytest.mark.e2e]
 
-# One script with a finding of every rule --fix rewrites. PT004's DataLoader is built only
-# when there is no sampler, so that the original runs at 2 ranks too; the script below
-# (SAMPLED) is the one whose original cannot.
-EVERY_FIX = """
+HEAD = """
 import json
 import os
 import sys
@@ -39,6 +36,14 @@ def main(out):
         dist.init_process_group("gloo")
     rank = dist.get_rank() if distributed else 0
     torch.manual_seed(0)
+"""
+"""What both scripts start with: one process, or a gloo rank under torchrun."""
+
+# A finding of every rule --fix rewrites but PT004, whose original cannot run at 2 ranks:
+# SAMPLED below has that one.
+EVERY_FIX = (
+    HEAD
+    + """\
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
     model.to("cpu")
     bias = torch.zeros(1)
@@ -76,23 +81,11 @@ def main(out):
 if __name__ == "__main__":
     main(sys.argv[1])
 """
+)
 
-SAMPLED = """
-import json
-import os
-import sys
-
-import torch
-import torch.distributed as dist
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
-
-
-def main(out):
-    distributed = "RANK" in os.environ
-    if distributed:
-        dist.init_process_group("gloo")
-    rank = dist.get_rank() if distributed else 0
-    torch.manual_seed(0)
+SAMPLED = (
+    HEAD
+    + """\
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     ds = TensorDataset(torch.randn(64, 4, generator=torch.Generator().manual_seed(1)),
@@ -117,6 +110,7 @@ def main(out):
 if __name__ == "__main__":
     main(sys.argv[1])
 """
+)
 
 
 def _fixed(tmp: Path, name: str, text: str, rules: set[str]) -> tuple[Path, Path]:
