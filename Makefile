@@ -2,12 +2,15 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# A CPU build of torch. A looser requirement would pull a multi-GB CUDA build here; on a GPU machine
-# override it, e.g. `make test TORCH_SPEC=torch`.
+# The torch the checks run on. tools/install_torch.py installs it from PyTorch's CPU wheel index on
+# a machine without an NVIDIA GPU (PyPI's Linux wheels carry CUDA, several GB) and from the default
+# index on one with a GPU; `make test TORCH_INSTALL_FLAGS=--no-cpu-index` asks only the default.
 TORCH_SPEC ?= torch==2.13.0
+TORCH_INSTALL_FLAGS ?=
+INSTALL_TORCH = $(BIN)/python tools/install_torch.py $(BIN)/python "$(TORCH_SPEC)" $(TORCH_INSTALL_FLAGS)
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo test lint typecheck docs pytest release-test serve-deps examples-test e2e-test scale-test layouts-test kill-trials mutants-test image-test bench cuda-check clean
+.PHONY: demo dist test lint typecheck docs pytest release-test serve-deps examples-test e2e-test scale-test layouts-test kill-trials mutants-test image-test bench cuda-check clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -16,22 +19,27 @@ $(BIN)/python:
 # Everything the checks need (ruff, mypy, pytest, mkdocs, the extras the tests exercise). The dev
 # set includes the demo extra, so it marks the demo's install done too.
 $(VENV)/.installed: $(BIN)/python pyproject.toml
-	$(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(INSTALL_TORCH)
 	$(BIN)/pip install -q -e ".[dev]"
 	touch $@ $(VENV)/.installed-demo
 
 # Only what the demo needs: the runtime and the demo extra (a .venv made by `make test` has it).
 $(VENV)/.installed-demo: $(BIN)/python pyproject.toml
-	$(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(INSTALL_TORCH)
 	$(BIN)/pip install -q -e ".[demo]"
 	touch $@
 
 demo: $(VENV)/.installed-demo
 	$(BIN)/paratrain demo
 
+# The sdist and the wheel, in dist/ (`pip install dist/paratrain-*.whl` installs the wheel).
+dist: $(BIN)/python
+	$(BIN)/pip install -q build
+	$(BIN)/python -m build --outdir dist .
+
 lint: $(VENV)/.installed
-	$(BIN)/ruff check src tests benchmarks examples docs/hooks
-	$(BIN)/ruff format --check src tests benchmarks examples docs/hooks
+	$(BIN)/ruff check src tests benchmarks examples tools docs/hooks
+	$(BIN)/ruff format --check src tests benchmarks examples tools docs/hooks
 	$(BIN)/hadolint docker/Dockerfile
 
 typecheck: $(VENV)/.installed

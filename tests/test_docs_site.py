@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
+import importlib
 import importlib.util
 import inspect
 import os
@@ -99,6 +100,58 @@ def test_the_api_reference_shows_the_run_methods_with_their_docstrings(site: Pat
         assert re.search(rf"\b{name}\(", text), f"Run.{name} is not in the API reference"
         summary = " ".join((inspect.getdoc(getattr(Run, name)) or "").split("\n")[0].split())
         assert summary and summary.replace("``", "") in text, f"Run.{name} has no docstring there"
+
+
+def _reference_classes() -> list[tuple[str, type]]:
+    """(page, class) for every class an API reference page documents with ``::: path``: named
+    itself, or a public class of a module it names that defines its own constructor."""
+    found = []
+    for page in sorted((DOCS / "reference").glob("*.md")):
+        text = page.read_text(encoding="utf-8")
+        for path, options in re.findall(r"^::: ([\w.]+)\n((?:[ ]+.*\n)*)", text, re.M):
+            listed = re.search(r"members: \[(.*)\]", options)
+            members = {m.strip() for m in listed.group(1).split(",")} if listed else None
+            module_name, _, attr = path.rpartition(".")
+            if importlib.util.find_spec(path.split(".")[0]) is None:
+                continue
+            try:
+                target: Any = importlib.import_module(path)
+            except ModuleNotFoundError:
+                target = getattr(importlib.import_module(module_name), attr)
+            if inspect.isclass(target):
+                found.append((f"reference/{page.name}", target))
+            elif inspect.ismodule(target):
+                for name, value in vars(target).items():
+                    own = inspect.isclass(value) and value.__module__ == target.__name__
+                    shown = not name.startswith("_") if members is None else name in members
+                    if own and shown and "__init__" in vars(value):
+                        found.append((f"reference/{page.name}", value))
+    return found
+
+
+def test_every_class_on_the_api_reference_shows_its_constructor_signature(site: Path) -> None:
+    classes = _reference_classes()
+    assert {cls.__name__ for _, cls in classes} >= {"Run", "RunConfig", "Profile", "Topology"}
+    for page, cls in classes:
+        text = " ".join(_text(_built(site, page)).split())
+        params = [p for p in inspect.signature(cls).parameters if p != "self"]
+        shown = [text[m.end() : m.end() + 3000] for m in re.finditer(rf"\b{cls.__name__}\(", text)]
+        signature = [s for s in shown if all(re.match(rf".*?\b{p}\b", s, re.S) for p in params)]
+        assert signature, f"{page}: {cls.__name__} is shown without its constructor signature"
+
+
+def test_no_api_reference_page_shows_source_lines(site: Path) -> None:
+    for page in sorted((DOCS / "reference").glob("*.md")):
+        built = _built(site, f"reference/{page.name}").read_text(encoding="utf-8")
+        # An attribute's signature is its name (and type); a value would be a line of its source.
+        for block in re.findall(
+            r'doc-attribute-name">(\w+)</span>.*?<div class="doc-signature highlight">(.*?)</div>',
+            built,
+            re.S,
+        ):
+            signature = html.unescape(re.sub(r"<[^>]+>", "", block[1]))
+            assert "=" not in signature, f"{page.name}: {block[0]} shows {signature.strip()!r}"
+        assert "module docstring" not in _text(_built(site, f"reference/{page.name}")), page.name
 
 
 def test_the_cli_page_has_every_command_and_every_flag(site: Path) -> None:

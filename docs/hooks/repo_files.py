@@ -198,7 +198,12 @@ def _render(path: str) -> tuple[str, Path | None]:
     if source.is_dir():
         if (source / "README.md").exists():
             return header + (source / "README.md").read_text(encoding="utf-8"), source
-        names = sorted(p.name + ("/" if p.is_dir() else "") for p in source.iterdir())
+        # Empty files (a test package's __init__.py) get no page of their own.
+        names = sorted(
+            p.name + ("/" if p.is_dir() else "")
+            for p in source.iterdir()
+            if p.is_dir() or p.read_bytes().strip()
+        )
         shown = [n for n in names if not n.startswith((".", "__pycache__"))]
         items = "\n".join(f"- [`{n}`]({n.rstrip('/')})" for n in shown)
         body = f"# `{path}/`\n\nA folder of the repository.\n\n{items}\n"

@@ -1,6 +1,6 @@
 """Errors a user can trigger. Each message says what was wrong, what is allowed, and the fix.
 
-The CLI prints a ``ParatrainError`` as one paragraph and exits with code 2, never with a traceback::
+The CLI prints a ``ParatrainError`` as one paragraph and exits with code 2, never with a traceback:
 
     raise ConfigError("batch_size must be a positive integer, got 0. Pass e.g. batch_size=32.")
 """

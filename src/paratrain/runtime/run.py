@@ -64,7 +64,21 @@ T = TypeVar("T")
 
 
 class Run(RunBase):
-    """A training run on this process's share of the job. See the module docstring for a loop.
+    """A training run on this process's share of the job.
+
+    Pass either a ``RunConfig`` or its fields as keyword settings (``strategy``, ``precision``,
+    ``grad_accum``, ...; every one is in the settings reference), not both:
+
+        with pt.Run(strategy="ddp", precision="bf16", grad_accum=4) as run:
+            model, optimizer = run.setup(model, optimizer)
+            loader = run.loader(train_set, batch_size=32)              # per-rank batch
+            run.resume()                                   # newest valid checkpoint, if any
+            for epoch in run.epochs(10):
+                for x, y in loader:                                  # already on run.device
+                    with run.accumulate(model):
+                        run.backward(criterion(model(x), y))
+                    run.step(optimizer)                  # steps at the end of a window
+                run.save()
 
     Attributes: ``config``, ``topology``, ``strategy``, ``device``, ``rank``, ``local_rank``,
     ``world_size``, ``is_main``, ``epoch``, ``global_step``, ``run_dir``, ``restart_count``,

@@ -8,6 +8,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from paratrain.commands.tables import table_console
+
 STYLE = {"OK": "green", "WARN": "yellow", "FAIL": "bold red", "INFO": "cyan"}
 
 
@@ -52,7 +54,7 @@ def _build(t: dict[str, Any]) -> str:
 
 def show(report: dict[str, Any], console: Console | None = None) -> None:
     """Print the report as tables."""
-    console = console or Console()
+    console = console or table_console()
     f, t = report["facts"], report["facts"]["torch"]
     env = Table(title="environment", show_header=False)
     rows = [

@@ -144,17 +144,10 @@ def _process(p: dict[str, Any]) -> tuple[str, str]:
 
 
 def console() -> Any:
-    """A rich console as wide as the terminal; piped, as wide as ``COLUMNS`` or 200 columns, so
-    that nothing is cut at 80."""
-    import os
-    import sys
+    """A rich console as wide as the terminal; piped, as wide as ``COLUMNS`` or 160 columns."""
+    from paratrain.commands.tables import table_console
 
-    from rich.console import Console
-
-    if sys.stdout.isatty():
-        return Console()
-    columns = os.environ.get("COLUMNS", "")
-    return Console(width=int(columns) if columns.isdigit() and int(columns) > 0 else 200)
+    return table_console()
 
 
 def check_run_dir(run_dir: Path) -> None:

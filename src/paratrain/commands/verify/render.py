@@ -7,13 +7,12 @@ print(as_json(report))
 from __future__ import annotations
 
 import json
-import os
-import sys
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from paratrain.commands.tables import table_console
 from paratrain.commands.verify.compare import Difference
 from paratrain.commands.verify.kill_points import DESCRIPTIONS
 from paratrain.commands.verify.report import Report
@@ -48,19 +47,6 @@ def not_deterministic(difference: Difference, pattern: str | None) -> str:
     return NOT_DETERMINISTIC.format(difference=difference)
 
 
-LOG_WIDTH = 160
-"""Columns of the table in a log or a pipe (no terminal to measure): wide enough that a row
-keeps its first difference on one line."""
-
-
-def _width() -> int | None:
-    """The terminal's width (None: rich measures it), else ``COLUMNS`` or :data:`LOG_WIDTH`."""
-    if sys.stdout.isatty():
-        return None
-    columns = os.environ.get("COLUMNS", "")
-    return max(int(columns), 80) if columns.isdigit() else LOG_WIDTH
-
-
 def as_json(report: Report) -> str:
     """The whole report as JSON."""
     return json.dumps(report.to_json(), indent=2)
@@ -68,7 +54,7 @@ def as_json(report: Report) -> str:
 
 def show(report: Report, console: Console | None = None) -> None:
     """Print the report as a table, the times and the verdict."""
-    console = console or Console(width=_width())
+    console = console or table_console()
     script = " ".join(report.options.target)
     if report.failed is not None:
         failed = report.failed
@@ -85,25 +71,21 @@ def show(report: Report, console: Console | None = None) -> None:
         console.print(f"[bold red]verify-resume: {escape(text)}")
         _times(report, console)
         return
-    table = Table(title=f"verify-resume: {escape(script)} ({report.options.nproc} rank(s))")
-    for column in ("kill point", "rank", "step", "epoch", "resumed from", "result"):
-        table.add_column(column, no_wrap=True)
-    table.add_column("first difference", overflow="fold")
-    table.add_column("time", justify="right", no_wrap=True)
-    for k in report.kills:
-        style = STYLE.get(k.result, "bold red")
-        resumed = k.resumed_from
-        table.add_row(
-            f"{k.choice.point.event} #{k.choice.point.n}",
-            str(k.choice.point.rank),
-            str(k.step),
-            str(k.epoch),
-            "-" if resumed is None else f"step {resumed}" if isinstance(resumed, int) else resumed,
-            f"[{style}]{k.result}",
-            escape(str(k.difference)) if k.difference else "",
-            f"{k.seconds:.1f} s",
-        )
-    console.print(table)
+    title = f"verify-resume: {escape(script)} ({report.options.nproc} rank(s))"
+    if console.is_terminal:
+        console.print(_table(report, title))
+    else:  # a log or a pipe: one block per kill, each line whole however long its difference
+        console.print(title)
+        for k in report.kills:
+            style = STYLE.get(k.result, "bold red")
+            console.print(
+                f"  kill {k.choice.point.event} #{k.choice.point.n} on rank {k.choice.point.rank}"
+                f" (step {k.step}, epoch {k.epoch}), resumed from {_resumed(k.resumed_from)}: "
+                f"[{style}]{k.result}[/] in {k.seconds:.1f} s",
+                soft_wrap=True,
+            )
+            if k.difference:
+                console.print(f"    first difference: {escape(str(k.difference))}", soft_wrap=True)
     kinds = dict.fromkeys(k.choice.point.event for k in report.kills)
     console.print(
         "kill points: " + "; ".join(f"{kind}: {DESCRIPTIONS[kind]}" for kind in kinds),
@@ -129,6 +111,32 @@ def show(report: Report, console: Console | None = None) -> None:
         console.print(
             f"[green]verify-resume: every killed run ended as the uninterrupted run, {how}."
         )
+
+
+def _resumed(resumed: int | str | None) -> str:
+    return "-" if resumed is None else f"step {resumed}" if isinstance(resumed, int) else resumed
+
+
+def _table(report: Report, title: str) -> Table:
+    """The kills as a table, for a terminal (its width is known)."""
+    table = Table(title=title)
+    for column in ("kill point", "rank", "step", "epoch", "resumed from", "result"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("first difference", overflow="fold")
+    table.add_column("time", justify="right", no_wrap=True)
+    for k in report.kills:
+        style = STYLE.get(k.result, "bold red")
+        table.add_row(
+            f"{k.choice.point.event} #{k.choice.point.n}",
+            str(k.choice.point.rank),
+            str(k.step),
+            str(k.epoch),
+            _resumed(k.resumed_from),
+            f"[{style}]{k.result}",
+            escape(str(k.difference)) if k.difference else "",
+            f"{k.seconds:.1f} s",
+        )
+    return table
 
 
 def _times(report: Report, console: Console) -> None:
