@@ -26,6 +26,7 @@ GUIDES = {
     "doctor": "../getting-started/doctor.md",
     "check": "../rules/index.md",
     "verify-resume": "../concepts/verify-resume.md",
+    "plan": "../howto/plan.md",
     "ckpt": "../howto/checkpoints.md#inspect-verify-convert-and-diff-checkpoints",
     "monitor": "../howto/profiling.md#watch-a-running-job-paratrain-monitor",
     "bench": "../howto/bench.md",

@@ -47,6 +47,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "paratrain.commands.verify.command",
         "prove a script restart-safe: kill it, compare",
     ),
+    "plan": (
+        "paratrain.commands.plan.command",
+        "peak memory per rank under each strategy, before launch",
+    ),
     "ckpt": ("paratrain.commands.ckpt.command", "inspect, verify, convert and diff checkpoints"),
     "monitor": (
         "paratrain.commands.monitor.command",

@@ -260,6 +260,8 @@ class Run(RunBase):
             self.tracked.add_scheduler(scheduler)
         self._hooks.start_rank_streams()
         self._print_notes()
+        if self._plan is not None:
+            self._plan.watch(self.strategy.unwrap(wrapped), list(optimizers))
         return (wrapped, *optimizers) if optimizers else wrapped
 
     def track(self, obj: T, name: str | None = None, *, replicated: bool = False) -> T:
@@ -403,7 +405,13 @@ class Run(RunBase):
         if scheduler is not None:
             self.tracked.add_scheduler(scheduler)
             self._print_notes()
-        return self._step_path.step(optimizer, unit, scheduler)
+        if self._plan is None:
+            return self._step_path.step(optimizer, unit, scheduler)
+        self._plan.before_step()
+        stepped = self._step_path.step(optimizer, unit, scheduler)
+        if stepped:
+            self._plan.stepped()  # raises PlanComplete: `paratrain plan` has its step
+        return stepped
 
     def profile(self, *, wait: int = 0, warmup: int = 1, active: int = 3, **record: bool) -> None:
         """Profile steps from the next one on (after ``wait`` + ``warmup``, ``active`` steps):

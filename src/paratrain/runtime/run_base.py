@@ -41,6 +41,7 @@ from paratrain.distributed.process_group import destroy_process_group, init_proc
 from paratrain.distributed.topology import Topology
 from paratrain.distributed.watchdog import Watchdog
 from paratrain.errors import ModelError
+from paratrain.planning import probe as planning_probe
 from paratrain.runtime.console import Console
 from paratrain.runtime.precision import Precision
 from paratrain.strategies import select_strategy
@@ -54,6 +55,9 @@ class RunBase:
 
     def __init__(self, config: RunConfig | None = None, /, **settings: Any) -> None:
         config = make_config(config, settings)
+        self._plan = planning_probe.ACTIVE  # `paratrain plan` runs the script: one fake step
+        if self._plan is not None:
+            config = self._plan.config(config)
         self._env = env = LaunchEnv.read()
         self.config = dataclasses.replace(
             config,

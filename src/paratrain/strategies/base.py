@@ -9,6 +9,7 @@ impossible combinations into errors that name the fix.
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
@@ -125,7 +126,11 @@ class Strategy:
         return torch.device("cpu")
 
     def wrap(self, model: nn.Module) -> nn.Module:
-        """Move ``model`` to the device and wrap it for this strategy."""
+        """Move ``model`` to the device and wrap it for this strategy (a model already there is
+        left as it is: ``memory plan``'s fake tensors cannot be swapped by ``Module.to``)."""
+        tensors = itertools.chain(model.parameters(), model.buffers())
+        if all(t.device == self.device for t in tensors):
+            return model
         return model.to(self.device)
 
     def wrap_split(self, model: nn.Module, devices: set[torch.device]) -> nn.Module:

@@ -1,0 +1,1 @@
+"""``paratrain plan``: will it fit, and with which strategy (see :mod:`.command`)."""

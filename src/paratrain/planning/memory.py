@@ -1,0 +1,205 @@
+"""Per-rank peak memory of one training step under each strategy, from one fake step.
+
+    rows = plans(captured, world=4, config=config)     # after the script's first step
+    best = recommend(rows, capacity=80 * 2**30)
+
+- **one process** (``cpu``/``single``): the script's own step as measured, steady state: from the
+  second step on, forward and backward run with the optimizer's state held.
+- **ddp**: the same, plus DDP's gradient buckets (a flat copy of every gradient, kept for the run;
+  two copies for a moment when DDP rebuilds them at the second step's start).
+- **fsdp** (and ``fsdp, no reshard``): the model sharded with paratrain's own ``fully_shard`` units
+  over a fake process group of ``world`` ranks, two steps replayed on the first forward's inputs
+  with a sum of the outputs as the loss; what the script's own loss adds over that replay, measured
+  in one process, is added to the activations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.optim import Optimizer
+from torch.utils._pytree import tree_flatten
+
+from paratrain.config import RunConfig
+from paratrain.planning.probe import Captured, categories
+
+FIELDS = ("parameters", "gradients", "optimizer", "activations", "communication")
+_NAMES = {
+    "Parameter": "parameters",
+    "Buffer": "parameters",
+    "Gradient": "gradients",
+    "Optstate": "optimizer",
+    "Activation": "activations",
+    "Temp": "activations",
+    "Other": "activations",
+}
+
+
+@dataclass
+class Breakdown:
+    """One strategy's predicted peak on one rank, in bytes, split by what holds the memory."""
+
+    strategy: str
+    parameters: int = 0
+    """Parameters and buffers (a rank's shard, plus whole units being gathered under fsdp)."""
+    gradients: int = 0
+    optimizer: int = 0
+    activations: int = 0
+    """Saved activations and the temporaries of forward, backward and the optimizer step."""
+    communication: int = 0
+    """Buffers of the strategy's own (DDP's gradient buckets)."""
+    why: str = ""
+
+    @property
+    def total(self) -> int:
+        return sum(getattr(self, name) for name in FIELDS)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "total": self.total}
+
+    @classmethod
+    def of(cls, strategy: str, sizes: dict[str, int], why: str = "") -> Breakdown:
+        """From MemTracker's categories (``Parameter``, ``Gradient``, ...)."""
+        row = cls(strategy, why=why)
+        for kind, size in sizes.items():
+            if kind in _NAMES:
+                name = _NAMES[kind]
+                setattr(row, name, getattr(row, name) + size)
+        return row
+
+
+def one_process(captured: Captured, name: str) -> Breakdown:
+    """The script's step in one process, steady state (the larger of the first step's peak and
+    forward/backward's peak with the optimizer's state held)."""
+    step = Breakdown.of(name, captured.step)
+    held = Breakdown.of(name, captured.before_step)
+    held.optimizer += captured.optimizer_state
+    return held if held.total > step.total else step
+
+
+def gradient_bytes(model: nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+
+
+def replay(
+    model: nn.Module, make_optimizer: Callable[[nn.Module], Optimizer], inputs: Any
+) -> Breakdown:
+    """Two steps of ``model`` on ``inputs`` (args, kwargs) with a sum of its outputs as the loss,
+    under a fresh MemTracker: the peak by category."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    args, kwargs = inputs
+    tracker = MemTracker()
+    optimizer = make_optimizer(model)
+    tracker.track_external(model, optimizer)
+    with tracker:
+        for _ in range(2):
+            tracker.reset_mod_stats()
+            outputs = tree_flatten(model(*args, **kwargs))[0]
+            floats = [t for t in outputs if isinstance(t, torch.Tensor) and t.is_floating_point()]
+            loss = torch.stack([t.float().sum() for t in floats]).sum()
+            torch.autograd.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    return Breakdown.of("replay", categories(tracker, "peak"))
+
+
+def optimizer_like(optimizer: Optimizer) -> Callable[[nn.Module], Optimizer]:
+    """A maker of an optimizer of the same class and settings over another model's parameters."""
+    accepted = inspect.signature(type(optimizer)).parameters
+    settings = {k: v for k, v in optimizer.defaults.items() if k in accepted}
+    return lambda model: type(optimizer)(model.parameters(), **settings)
+
+
+def plans(
+    captured: Captured, *, world: int, config: RunConfig, accelerator: str
+) -> list[Breakdown]:
+    """Every strategy's breakdown for ``world`` ranks (see the module docstring)."""
+    model = captured.model
+    assert model is not None and captured.inputs is not None and captured.optimizers
+    alone = "single" if accelerator == "cuda" else "cpu"
+    single = one_process(captured, alone)
+    single.why = "the script's step as measured (one process, no gradient sync)"
+    if world == 1:
+        return [single]
+    rows = []
+    grads = gradient_bytes(model)
+    ddp = dataclasses.replace(single, strategy="ddp", communication=grads)
+    # DDP rebuilds its buckets in the order gradients arrived, at the second step's start: for a
+    # moment the first buckets and the rebuilt ones are both held.
+    rebuild = Breakdown.of("ddp", captured.after_step)
+    rebuild.communication = 2 * grads
+    if rebuild.total > ddp.total:
+        ddp = rebuild
+    ddp.why = "every rank holds the whole model, its gradients, optimizer state and DDP's buckets"
+    rows.append(ddp)
+    make_optimizer = optimizer_like(captured.optimizers[0])
+    baseline = replay(model, make_optimizer, captured.inputs)
+    # What the script's loss (and anything else of its step) holds beyond the replay's sum.
+    extra = single.total - baseline.total
+    for reshard, name, why in (
+        (True, "fsdp", "state sharded over the ranks; each unit gathered while it runs"),
+        (False, "fsdp, no reshard", "state sharded; units stay gathered from forward to backward"),
+    ):
+        sharded = _sharded(
+            model, world, dataclasses.replace(config, fsdp_reshard_after_forward=reshard)
+        )
+        row = replay(sharded, make_optimizer, captured.inputs)
+        row.strategy, row.why = name, why
+        row.activations += extra
+        rows.append(row)
+        model = sharded  # sharded once; the second variant only changes when units reshard
+    return rows
+
+
+def _sharded(model: nn.Module, world: int, config: RunConfig) -> nn.Module:
+    """``model`` under paratrain's fsdp units over a fake group of ``world`` ranks (rank 0)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from paratrain.strategies.fsdp import shard
+
+    if isinstance(model, FSDPModule):
+        for module in model.modules():
+            if isinstance(module, FSDPModule) and module is not model:
+                module.set_reshard_after_forward(config.fsdp_reshard_after_forward, recurse=False)
+        return model
+    if not dist.is_initialized():
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    with unset_fake_temporarily():
+        mesh = init_device_mesh("cpu", (world,))
+    return shard(model, mesh, config)
+
+
+def recommend(rows: list[Breakdown], capacity: int | None) -> tuple[Breakdown | None, str]:
+    """The strategy to use and why: the first that fits ``capacity`` bytes in the order ddp
+    (fastest: no gathers), fsdp without reshard, fsdp; without a capacity, the smallest."""
+    if capacity is None:
+        best = min(rows, key=lambda r: r.total)
+        return best, f"{best.strategy} has the smallest peak per rank"
+    order = {"cpu": 0, "single": 0, "ddp": 1, "fsdp, no reshard": 2, "fsdp": 3}
+    fitting = sorted(
+        (r for r in rows if r.total <= capacity), key=lambda r: order.get(r.strategy, 9)
+    )
+    if fitting:
+        best = fitting[0]
+        return best, (
+            f"{best.strategy} fits ({best.total / 2**30:.2f} of {capacity / 2**30:.2f} GiB) and "
+            "gathers least among those that fit"
+        )
+    smallest = min(rows, key=lambda r: r.total)
+    share = smallest.activations / max(smallest.total, 1)
+    return None, (
+        f"no strategy fits {capacity / 2**30:.2f} GiB; the smallest peak is {smallest.strategy}'s "
+        f"{smallest.total / 2**30:.2f} GiB, {share:.0%} of it activations: lower the per-rank "
+        "batch (raise grad_accum to keep the global batch) or checkpoint activations"
+    )
