@@ -136,6 +136,11 @@ class RunConfig:
     watchdog: bool = True
     """Multi-rank runs: a rank idle for 0.9 x timeout_s dumps its stacks to run_dir/stacks and
     exits, so a stall ends the job with a diagnosis instead of hanging."""
+    stall_s: float | None = None
+    """Multi-rank runs with the watchdog: seconds without progress, while a rank waits in a
+    collective, after which every rank's collectives are compared and the hang is named (which
+    rank, which collective, which line), and the job ends with exit 124. None: max(30 s, 20 x the
+    p99 step time). ``timeout_s`` stays the hard limit."""
     device_ids: list[int] | None = None
     """``dp`` only: the GPUs DataParallel splits each batch over (default all visible)."""
     sync_batchnorm: bool = False
@@ -435,6 +440,9 @@ _RULES: dict[str, Rule] = {
         "than one; at most 30 days",
     ),
     "watchdog": FLAG,
+    "stall_s": _number(
+        high=30 * 86400, low=1.0, optional=True, hint="None adapts it to the step time"
+    ),
     "device_ids": Rule(_device_ids, "list of GPU indices, None"),
     "sync_batchnorm": FLAG,
     "find_unused_parameters": FLAG,

@@ -66,6 +66,11 @@ class RunDir:
         return self.root / "stacks"
 
     @property
+    def oom(self) -> Path:
+        """Out-of-memory reports: ``rank<r>.txt``, the paragraph a rank left when it ran out."""
+        return self.root / "oom"
+
+    @property
     def metrics(self) -> Path:
         """Scalars from ``run.log``, one JSON object per line."""
         return self.root / "metrics.jsonl"

@@ -162,6 +162,8 @@ def _call_name(
     frames: Sequence[traceback.FrameSummary], kinds: list[Kind], roots: CodeRoots
 ) -> str:
     """``run.save`` for a Run method, else ``package.module.function`` of the called code."""
+    if frames and frames[0].filename.endswith("collective_log.py") and len(frames) > 1:
+        frames, kinds = frames[1:], kinds[1:]  # the collective log's wrapper: name torch's call
     frame, kind = frames[0], kinds[0]
     path = os.path.realpath(frame.filename)
     if kind == "paratrain" and os.path.basename(path) == "run.py":
@@ -187,10 +189,19 @@ class Watchdog:
     """A daemon thread that fires once ``after_s`` seconds pass without progress."""
 
     def __init__(
-        self, directory: Path, *, rank: int, after_s: float, exit_after_dump: bool = True
+        self,
+        directory: Path,
+        *,
+        rank: int,
+        after_s: float,
+        exit_after_dump: bool = True,
+        monitor: Any = None,
     ) -> None:
         self.directory, self.rank, self.after_s = directory, rank, after_s
         self.exit_after_dump = exit_after_dump
+        self.monitor = monitor
+        """A :class:`paratrain.distributed.stall.StallMonitor`: names a hang long before
+        ``after_s`` by comparing every rank's collectives; None: only the stacks at ``after_s``."""
         self.step = 0
         self._last = time.monotonic()
         self._main = threading.main_thread()
@@ -202,6 +213,8 @@ class Watchdog:
         """Note that the training loop moved (cheap: two assignments)."""
         self.step = step
         self._last = time.monotonic()
+        if self.monitor is not None:
+            self.monitor.note_step(step)
 
     def stop(self) -> None:
         """End the watch (the run closed normally)."""
@@ -215,6 +228,30 @@ class Watchdog:
                 if self.exit_after_dump:
                     os._exit(STALLED_EXIT)
                 return
+            if self.monitor is not None and self._stalled(idle):
+                if self.exit_after_dump:
+                    os._exit(STALLED_EXIT)
+                return
+
+    def _stalled(self, idle: float) -> bool:
+        """Publish this rank's state; past the stall threshold, name the cause (and dump)."""
+        frames = sys._current_frames().get(self._main.ident or -1)
+        stack = traceback.extract_stack(frames) if frames is not None else []
+        verdict = judge(stack)
+        self.monitor.publish(self.step, stack, verdict)
+        cause = self.monitor.check(idle, waiting=verdict.waiting)
+        if cause is None:
+            return False
+        self.directory.mkdir(parents=True, exist_ok=True)
+        (self.directory / "diagnosis.json").write_text(json.dumps(cause))
+        print(
+            f"paratrain: rank {self.rank}: hang after {idle:.0f}s without progress: "
+            f"{cause['kind']}: {cause['summary']}",
+            file=sys.stderr,
+            flush=True,
+        )
+        self.dump(idle)
+        return True
 
     def dump(self, idle: float) -> Path:
         """Write this rank's stacks and a one-line verdict; return the JSON path."""
@@ -257,8 +294,14 @@ def describe(record: dict[str, Any]) -> str:
 
 
 def diagnose(directory: Path) -> dict[str, Any] | None:
-    """Which ranks stalled, from the watchdogs' records; None when none fired."""
+    """Which ranks stalled, from the watchdogs' records; None when none fired. A cause named by
+    comparing the ranks' collectives (``diagnosis.json``) comes first."""
     records = [json.loads(p.read_text()) for p in sorted(directory.glob("rank*.json"))]
+    named = directory / "diagnosis.json"
+    if named.exists():
+        cause = json.loads(named.read_text())
+        summary = f"{cause['kind']}: {cause['summary']}"
+        return {"stalled": cause["ranks"], "records": records, "summary": summary}
     if not records:
         return None
     stalled = [r for r in records if not r.get("waiting", r["waiting_in_torch"])]

@@ -24,6 +24,7 @@ resumes by itself at the first training action (an epoch, a loader pass, a step,
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -40,6 +41,7 @@ from paratrain.data import loader as data
 from paratrain.data.build import make_loader
 from paratrain.errors import ConfigError
 from paratrain.profiling.step_profiler import Profile, StepProfiler, as_profile, check_no_window
+from paratrain.runtime import oom
 from paratrain.runtime.accumulation import Windows
 from paratrain.runtime.checkpointer import Checkpointer, RunParts
 from paratrain.runtime.loop_hooks import LoopHooks, LoopParts
@@ -96,6 +98,8 @@ class Run(RunBase):
     def _start_training(self) -> None:
         """Loop state, registry, checkpoints: everything after the process group."""
         seed_everything(self.config.seed)
+        # An out-of-memory report of an earlier run in this run dir is not this run's.
+        (self.layout.oom / f"rank{self.rank}.txt").unlink(missing_ok=True)
         self.loop = LoopState(grad_accum=self.config.grad_accum)
         """Epoch, step and grad_accum (saved by every checkpoint)."""
         self.tracked = Registry()
@@ -554,6 +558,20 @@ class Run(RunBase):
 
     def __enter__(self) -> Run:
         return self
+
+    def __exit__(self, *exc: Any) -> None:
+        """Close; an out-of-memory error is first explained (:mod:`paratrain.runtime.oom`)."""
+        error = exc[1] if len(exc) > 1 else None
+        try:
+            if (
+                isinstance(error, BaseException)
+                and self._plan is None
+                and oom.is_out_of_memory(error)
+            ):
+                text = oom.report(self, error)
+                print(f"paratrain: {text}", file=sys.stderr, flush=True)
+        finally:
+            self.close()
 
     def __repr__(self) -> str:
         where = f"rank={self.rank}, world_size={self.world_size}, device={str(self.device)!r}"

@@ -25,6 +25,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+import psutil
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -36,12 +37,14 @@ from paratrain.core.paths import check_creatable, check_output_file
 from paratrain.core.run_dir import RunDir
 from paratrain.core.version import __version__
 from paratrain.distributed import collectives
+from paratrain.distributed.collective_log import CollectiveLog
 from paratrain.distributed.environment import LaunchEnv
 from paratrain.distributed.process_group import destroy_process_group, init_process_group
+from paratrain.distributed.stall import StallMonitor
 from paratrain.distributed.topology import Topology
 from paratrain.distributed.watchdog import Watchdog
 from paratrain.errors import ModelError
-from paratrain.planning import probe as planning_probe
+from paratrain.runtime import plan_probe
 from paratrain.runtime.console import Console
 from paratrain.runtime.precision import Precision
 from paratrain.strategies import select_strategy
@@ -55,7 +58,9 @@ class RunBase:
 
     def __init__(self, config: RunConfig | None = None, /, **settings: Any) -> None:
         config = make_config(config, settings)
-        self._plan = planning_probe.ACTIVE  # `paratrain plan` runs the script: one fake step
+        self._plan = plan_probe.ACTIVE  # `paratrain plan` runs the script: one fake step
+        self.rss_at_start = psutil.Process().memory_info().rss
+        """Resident bytes when this run started (an out-of-memory report counts from it)."""
         if self._plan is not None:
             config = self._plan.config(config)
         self._env = env = LaunchEnv.read()
@@ -88,6 +93,7 @@ class RunBase:
         self._started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         self._owns_group = False
         self._watchdog: Watchdog | None = None
+        self._collectives: CollectiveLog | None = None
         try:
             self._start(self.selection.backend)
         except BaseException:
@@ -116,8 +122,19 @@ class RunBase:
                 trace_dir=str(self.layout.stacks),
             )
         if self.strategy.multi_process and self.config.watchdog and self.world_size > 1:
+            self._collectives = CollectiveLog(self.rank).install()
+            monitor = StallMonitor(
+                dist.distributed_c10d._get_default_store(),
+                rank=self.rank,
+                world_size=self.world_size,
+                log=self._collectives,
+                stall_s=self.config.stall_s,
+            )
             self._watchdog = Watchdog(
-                self.layout.stacks, rank=self.rank, after_s=0.9 * self.config.timeout_s
+                self.layout.stacks,
+                rank=self.rank,
+                after_s=0.9 * self.config.timeout_s,
+                monitor=monitor,
             )
 
     def _record_settings(self) -> None:
@@ -278,6 +295,8 @@ class RunBase:
         self._closed = True
         if self._watchdog is not None:
             self._watchdog.stop()
+        if self._collectives is not None:
+            self._collectives.uninstall()
         try:
             self._before_close()
         finally:

@@ -75,6 +75,16 @@ def shard(model: nn.Module, mesh: DeviceMesh, config: RunConfig) -> nn.Module:
         options["mp_policy"] = MixedPrecisionPolicy(
             param_dtype=torch.bfloat16, reduce_dtype=torch.float32
         )
+    if config.precision == "bf16" and mesh.device_type == "cpu":
+        # torch's CPU batch norm wants its running statistics in the input's dtype: norm layers
+        # run in fp32 (their inputs cast up, their outputs cast back to bf16), as on GPUs is
+        # also the usual advice.
+        norm = MixedPrecisionPolicy(
+            param_dtype=torch.float32, reduce_dtype=torch.float32, output_dtype=torch.bfloat16
+        )
+        for module in model.modules():
+            if isinstance(module, nn.modules.batchnorm._BatchNorm) and module is not model:
+                fully_shard(module, **{**options, "mp_policy": norm})
     for module in selected(model, config.fsdp_wrap):
         fully_shard(module, **options)
     # The root's parameters are the first backward needs: freeing them after forward would

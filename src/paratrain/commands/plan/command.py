@@ -86,7 +86,7 @@ def plan_command(args: argparse.Namespace) -> int:
             if "where" in plan
             else f"`paratrain plan` could not plan {target[0]}: {plan['error']}."
         )
-    from paratrain.planning.memory import Breakdown, recommend
+    from paratrain.commands.plan.memory import Breakdown, recommend
 
     rows = [Breakdown(**{k: v for k, v in r.items() if k != "total"}) for r in plan["rows"]]
     best, why = recommend(rows, capacity)
@@ -101,10 +101,10 @@ def plan_command(args: argparse.Namespace) -> int:
 
 
 def run_plan(target: list[str], nproc: int) -> dict[str, Any]:
-    """The plan from :mod:`paratrain.planning.fake_run`, in a process of its own."""
+    """The plan from :mod:`paratrain.commands.plan.fake_run`, in a process of its own."""
     with tempfile.TemporaryDirectory(prefix="paratrain-plan-") as folder:
         out = Path(folder) / "plan.json"
-        command = [sys.executable, "-m", "paratrain.planning.fake_run", "--out", str(out),
+        command = [sys.executable, "-m", "paratrain.commands.plan.fake_run", "--out", str(out),
                    "--nproc", str(nproc), "--", *target]  # fmt: skip
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         done = subprocess.run(command, env=env, capture_output=True, text=True)

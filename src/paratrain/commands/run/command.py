@@ -28,6 +28,7 @@ from paratrain.commands.run.failure import (
     PREEMPTED_EXIT,
     exit_status,
     failure_message,
+    oom_kills,
     preemption_note,
     reported_run_dir,
     root_failure,
@@ -163,6 +164,7 @@ def run_command(args: argparse.Namespace) -> int:
         for note in plan.notes:
             print(f"paratrain run: note: {note}", flush=True)
         ranks = RankTracebacks()
+        oom_before = oom_kills()  # a SIGKILLed rank is then told apart: OOM killer or not
         code, stopped_by, output = supervise(
             plan.argv, {**os.environ, **plan.env}, tracebacks=ranks
         )
@@ -191,5 +193,6 @@ def run_command(args: argparse.Namespace) -> int:
         node_rank=plan.node_rank,
         tracebacks=ranks.own,
         unprefixed=ranks.unprefixed,
+        oom_kills_before=oom_before,
     )
     raise JobFailedError(text, exit_code=exit_status(code, root_failure(output), ranks.own))

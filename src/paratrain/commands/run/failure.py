@@ -144,6 +144,54 @@ def preemption_note(report: Path) -> str | None:
     )
 
 
+GLOO_MISMATCH = re.compile(r"(\d+) vs (\d+)\. Received data size doesn't match expected size")
+"""gloo's own check of a collective's sizes (it then aborts the rank)."""
+
+CGROUP = Path("/sys/fs/cgroup")
+
+
+def oom_kills(root: Path = CGROUP, membership: Path = Path("/proc/self/cgroup")) -> int | None:
+    """How many processes the kernel's out-of-memory killer has killed in this process's memory
+    cgroup (v2 ``memory.events``, v1 ``memory.oom_control``), or None where that is not readable.
+
+    Read before a launch and after a rank died of SIGKILL: a count that grew names the killer."""
+    try:
+        lines = membership.read_text().splitlines()
+    except OSError:
+        lines = []
+    candidates = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2, the unified hierarchy
+            candidates += [root / path.lstrip("/") / "memory.events", root / "memory.events"]
+        elif "memory" in controllers.split(","):
+            base = root / "memory"
+            candidates += [
+                base / path.lstrip("/") / "memory.oom_control",
+                base / "memory.oom_control",
+            ]
+    for file in candidates:
+        try:
+            text = file.read_text()
+        except OSError:
+            continue
+        for entry in text.splitlines():
+            key, _, value = entry.partition(" ")
+            if key == "oom_kill" and value.strip().isdigit():
+                return int(value)
+    return None
+
+
+def _oom_report(run_dir: Path | None, rank: int) -> str | None:
+    """The paragraph a rank that ran out of memory left (``run_dir/oom/rank<r>.txt``)."""
+    if run_dir is None:
+        return None
+    try:
+        return (RunDir(run_dir).oom / f"rank{rank}.txt").read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+
+
 def _short(exception_line: str, limit: int = 200) -> str:
     """``paratrain.errors.CheckpointError: text`` as ``CheckpointError: text``, cut at ``limit``."""
     kind, colon, text = exception_line.partition(":")
@@ -169,6 +217,7 @@ def failure_message(
     node_rank: int = 0,
     tracebacks: dict[int, list[str]] | None = None,
     unprefixed: list[str] | None = None,
+    oom_kills_before: int | None = None,
 ) -> str:
     """Why the job failed: the rank and what it raised (or its signal, or the stalled rank),
     where to look, and what to do."""
@@ -181,8 +230,34 @@ def failure_message(
         raised = raised_at(unprefixed, skip=_library_folders())
     if raised is not None:
         summary = f"rank {failed.rank} raised {_short(raised[0])} at {raised[1]}"  # type: ignore[union-attr]
+    told = _oom_report(run_dir, failed.rank) if failed is not None else None
+    if told is not None:
+        summary = told.rstrip(".")
+    killed = oom_kills() if oom_kills_before is not None else None
+    if (
+        failed is not None
+        and failed.signal == signal.SIGKILL
+        and killed is not None
+        and oom_kills_before is not None
+        and killed > oom_kills_before
+    ):
+        summary = (
+            f"{failed.describe()}: the kernel's out-of-memory killer (its cgroup's oom_kill count "
+            f"went from {oom_kills_before} to {killed}), not a crash of the script"
+        )
+        told = summary
+    mismatch = GLOO_MISMATCH.search(output)
+    if mismatch is not None and told is None:
+        who = failed.describe() if failed is not None else "a rank aborted"
+        summary = (
+            f"{who}: gloo received {mismatch.group(1)} bytes where its collective "
+            f"expected {mismatch.group(2)}: the ranks called different collectives (one under "
+            "`if rank == 0`, after an early exit, or in another order) or passed tensors of "
+            "different sizes"
+        )
+        told = summary
     stacks = RunDir(run_dir).stacks if run_dir is not None else None
-    stalls = diagnose(stacks) if stacks is not None else None
+    stalls = diagnose(stacks) if stacks is not None and told is None else None
     if stalls is not None:
         summary = f"stalled: {stalls['summary']}; stacks of every rank in {stacks}"
     text = f"the job failed: {summary}"
@@ -204,6 +279,13 @@ def failure_message(
         )
     else:  # the main process (rank 0), which reports the run dir, runs on node 0
         text += "; node 0's paratrain run names the run dir (or pass --run-dir on every node)"
+    if told is not None and mismatch is not None:
+        return text + ". Call every collective on every rank, in the same order."
+    if told is not None:
+        return text + (
+            ". A restart would run out of memory again: lower the memory each rank needs (the "
+            "changes above; `paratrain plan` measures each strategy before launch)."
+        )
     if stalls is not None:
         return text + (
             ". A stall from outside (a network or storage hiccup) can be restarted: "

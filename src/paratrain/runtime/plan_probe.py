@@ -1,6 +1,6 @@
 """Plan mode inside ``pt.Run``: the script runs on fake tensors until its first optimizer step.
 
-``paratrain plan`` runs the script in :mod:`paratrain.planning.fake_run`, which sets
+``paratrain plan`` runs the script in :mod:`paratrain.commands.plan.fake_run`, which sets
 :data:`ACTIVE` before the script starts. ``pt.Run`` then resolves to one CPU process (no process
 group, no checkpoints resumed or saved, no trackers) and calls the probe:
 

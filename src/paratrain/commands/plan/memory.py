@@ -5,12 +5,15 @@
 
 - **one process** (``cpu``/``single``): the script's own step as measured, steady state: from the
   second step on, forward and backward run with the optimizer's state held.
-- **ddp**: the same, plus DDP's gradient buckets (a flat copy of every gradient, kept for the run;
-  two copies for a moment when DDP rebuilds them at the second step's start).
+- **ddp**: the same, plus DDP's gradient buckets (a flat copy of every gradient, kept for the run),
+  plus one bucket still in flight at the optimizer step (or two copies of every bucket while DDP
+  rebuilds them at the second step's start, when that is more).
 - **fsdp** (and ``fsdp, no reshard``): the model sharded with paratrain's own ``fully_shard`` units
   over a fake process group of ``world`` ranks, two steps replayed on the first forward's inputs
   with a sum of the outputs as the loss; what the script's own loss adds over that replay, measured
-  in one process, is added to the activations.
+  in one process, is added to the activations, and two of the largest unit's whole parameters to
+  the communication buffers (a unit's gradients still in their reduce-scatter while the next unit
+  is gathered).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from torch.optim import Optimizer
 from torch.utils._pytree import tree_flatten
 
 from paratrain.config import RunConfig
-from paratrain.planning.probe import Captured, categories
+from paratrain.runtime.plan_probe import Captured, categories
 
 FIELDS = ("parameters", "gradients", "optimizer", "activations", "communication")
 _NAMES = {
@@ -54,7 +57,7 @@ class Breakdown:
     activations: int = 0
     """Saved activations and the temporaries of forward, backward and the optimizer step."""
     communication: int = 0
-    """Buffers of the strategy's own (DDP's gradient buckets)."""
+    """Buffers of the strategy's own: DDP's gradient buckets, collectives still in flight."""
     why: str = ""
 
     @property
@@ -88,12 +91,43 @@ def gradient_bytes(model: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
 
 
+BUCKET_BYTES = 25 * 2**20
+"""DDP's default ``bucket_cap_mb``."""
+
+
+def largest_bucket(model: nn.Module) -> int:
+    """Bytes of DDP's largest gradient bucket: up to ``bucket_cap_mb``, or one larger gradient."""
+    sizes = [p.numel() * p.element_size() for p in model.parameters() if p.requires_grad]
+    return max([min(sum(sizes), BUCKET_BYTES), *sizes], default=0)
+
+
+def largest_unit(model: nn.Module, config: RunConfig) -> int:
+    """Bytes of the largest fsdp unit's own parameters (those of no unit inside it), whole."""
+    from paratrain.plans.module_policy import selected
+
+    units = [*selected(model, config.fsdp_wrap), model]
+    owner: dict[int, int] = {}
+    for number, unit in enumerate(units):  # children before parents: the innermost unit owns
+        for p in unit.parameters():
+            owner.setdefault(id(p), number)
+    sizes = [0] * len(units)
+    for p in model.parameters():
+        sizes[owner[id(p)]] += p.numel() * p.element_size()
+    return max(sizes)
+
+
 def replay(
-    model: nn.Module, make_optimizer: Callable[[nn.Module], Optimizer], inputs: Any
+    model: nn.Module,
+    make_optimizer: Callable[[nn.Module], Optimizer],
+    inputs: Any,
+    *,
+    grad_accum: int = 1,
 ) -> Breakdown:
-    """Two steps of ``model`` on ``inputs`` (args, kwargs) with a sum of its outputs as the loss,
-    under a fresh MemTracker: the peak by category."""
+    """Two steps of ``model`` on ``inputs`` (args, kwargs), each of ``grad_accum`` micro-batches
+    (FSDP's gradient sync held back until the last, as paratrain's ``no_sync`` does), with a sum
+    of the outputs as the loss, under a fresh MemTracker: the peak by category."""
     from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed.fsdp import FSDPModule
 
     args, kwargs = inputs
     tracker = MemTracker()
@@ -101,11 +135,16 @@ def replay(
     tracker.track_external(model, optimizer)
     with tracker:
         for _ in range(2):
-            tracker.reset_mod_stats()
-            outputs = tree_flatten(model(*args, **kwargs))[0]
-            floats = [t for t in outputs if isinstance(t, torch.Tensor) and t.is_floating_point()]
-            loss = torch.stack([t.float().sum() for t in floats]).sum()
-            torch.autograd.backward(loss)
+            for micro in range(grad_accum):
+                if isinstance(model, FSDPModule):
+                    model.set_requires_gradient_sync(micro == grad_accum - 1)
+                tracker.reset_mod_stats()
+                outputs = tree_flatten(model(*args, **kwargs))[0]
+                floats = [
+                    t for t in outputs if isinstance(t, torch.Tensor) and t.is_floating_point()
+                ]
+                loss = torch.stack([t.float().sum() for t in floats]).sum()
+                torch.autograd.backward(loss)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
     return Breakdown.of("replay", categories(tracker, "peak"))
@@ -131,7 +170,9 @@ def plans(
         return [single]
     rows = []
     grads = gradient_bytes(model)
-    ddp = dataclasses.replace(single, strategy="ddp", communication=grads)
+    # DDP's buckets hold a copy of every gradient; while the last bucket's all-reduce is still in
+    # flight at the optimizer step, one rank can hold one bucket more (seen on gloo).
+    ddp = dataclasses.replace(single, strategy="ddp", communication=grads + largest_bucket(model))
     # DDP rebuilds its buckets in the order gradients arrived, at the second step's start: for a
     # moment the first buckets and the rebuilt ones are both held.
     rebuild = Breakdown.of("ddp", captured.after_step)
@@ -141,9 +182,13 @@ def plans(
     ddp.why = "every rank holds the whole model, its gradients, optimizer state and DDP's buckets"
     rows.append(ddp)
     make_optimizer = optimizer_like(captured.optimizers[0])
-    baseline = replay(model, make_optimizer, captured.inputs)
+    accum = config.grad_accum
+    baseline = replay(model, make_optimizer, captured.inputs, grad_accum=accum)
     # What the script's loss (and anything else of its step) holds beyond the replay's sum.
     extra = single.total - baseline.total
+    # Collectives that complete in order free their buffers at once; on a real group one unit's
+    # gradients can still be in their reduce-scatter while the next unit is gathered.
+    in_flight = 2 * largest_unit(model, config)
     for reshard, name, why in (
         (True, "fsdp", "state sharded over the ranks; each unit gathered while it runs"),
         (False, "fsdp, no reshard", "state sharded; units stay gathered from forward to backward"),
@@ -151,9 +196,10 @@ def plans(
         sharded = _sharded(
             model, world, dataclasses.replace(config, fsdp_reshard_after_forward=reshard)
         )
-        row = replay(sharded, make_optimizer, captured.inputs)
+        row = replay(sharded, make_optimizer, captured.inputs, grad_accum=accum)
         row.strategy, row.why = name, why
         row.activations += extra
+        row.communication += in_flight
         rows.append(row)
         model = sharded  # sharded once; the second variant only changes when units reshard
     return rows

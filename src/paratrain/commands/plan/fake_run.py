@@ -1,6 +1,6 @@
 """Run a training script on fake tensors up to its first optimizer step, and write its plan.
 
-    python -m paratrain.planning.fake_run --out plan.json --nproc 4 -- train.py --lr 3e-4
+    python -m paratrain.commands.plan.fake_run --out plan.json --nproc 4 -- train.py --lr 3e-4
 
 What ``paratrain plan`` runs, one process. Tensors the script makes are fake (shapes and dtypes,
 no memory), so a model of any size costs nothing. The data loader's indices and seeds are drawn
@@ -24,9 +24,9 @@ from typing import Any
 import torch
 import torch.utils.data.dataloader as dataloader
 
+from paratrain.commands.plan.memory import plans
 from paratrain.config import RunConfig
-from paratrain.planning import probe
-from paratrain.planning.memory import plans
+from paratrain.runtime import plan_probe as probe
 
 
 def _real_indices() -> None:
@@ -118,7 +118,7 @@ def plan_script(target: list[str], nproc: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m paratrain.planning.fake_run")
+    parser = argparse.ArgumentParser(prog="python -m paratrain.commands.plan.fake_run")
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--nproc", required=True, type=int)
     parser.add_argument("target", nargs=argparse.REMAINDER)

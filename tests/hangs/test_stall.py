@@ -1,0 +1,113 @@
+"""Naming a hang from every rank's published state, and the collective log that feeds it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from paratrain.distributed.collective_log import CollectiveLog
+from paratrain.distributed.stall import MIN_STALL_S, StallMonitor, name_cause
+
+
+def _in(rank: int, seq: int, op: str, where: str, shapes: str = "f32[4]", group: str = "default",
+        step: int = 2) -> dict[str, Any]:  # fmt: skip
+    entry = {"seq": seq, "op": op, "shapes": shapes, "group": 2, "group_name": group,
+             "where": where, "started": 0.0}  # fmt: skip
+    return {"rank": rank, "step": step, "seq": seq, "inside": True, "collective": entry,
+            "where": where, "call": f"torch.distributed.{op}", "waiting": True,
+            "place": "", "same_s": 40.0}  # fmt: skip
+
+
+def _out(rank: int, where: str, place: str, same_s: float, step: int = 2) -> dict[str, Any]:
+    return {"rank": rank, "step": step, "seq": 2, "inside": False, "collective": None,
+            "where": where, "call": None, "waiting": False, "place": place,
+            "same_s": same_s}  # fmt: skip
+
+
+def test_mismatched_collectives_name_each_rank_and_line() -> None:
+    cause = name_cause({0: _in(0, 57, "all_reduce", "train.py:88"),
+                        1: _in(1, 57, "broadcast", "train.py:93")})  # fmt: skip
+    assert cause is not None and cause["kind"] == "mismatched collectives"
+    assert "rank 0 in all_reduce #57 of f32[4] at train.py:88" in cause["summary"]
+    assert "rank 1 in broadcast #57 of f32[4] at train.py:93" in cause["summary"]
+    skipped = name_cause({0: _in(0, 58, "all_reduce", "train.py:88"),
+                          1: _in(1, 57, "all_reduce", "train.py:88")})  # fmt: skip
+    assert skipped is not None and skipped["kind"] == "mismatched collectives"
+    assert skipped["ranks"] == [1]
+
+
+def test_shapes_and_process_groups() -> None:
+    shapes = name_cause({0: _in(0, 5, "all_reduce", "t.py:1", "f32[4]"),
+                         1: _in(1, 5, "all_reduce", "t.py:1", "f32[6]")})  # fmt: skip
+    assert shapes is not None and shapes["kind"] == "shape mismatch"
+    groups = name_cause({0: _in(0, 5, "all_reduce", "t.py:1", group="1"),
+                         1: _in(1, 5, "all_reduce", "t.py:1", group="2")})  # fmt: skip
+    assert groups is not None and groups["kind"] == "two process groups"
+    same = name_cause({0: _in(0, 5, "all_reduce", "t.py:1"), 1: _in(1, 5, "all_reduce", "t.py:1")})
+    assert same is not None and same["kind"] == "collective does not complete"
+
+
+def test_a_rank_that_never_reached_is_named_with_where_it_is_stuck() -> None:
+    cause = name_cause({0: _in(0, 3, "all_reduce", "train.py:67"),
+                        1: _out(1, "train.py:72", "in its own code (a loop that does not end?)",
+                                same_s=35.0)})  # fmt: skip
+    assert cause is not None and cause["kind"] == "never reached" and cause["ranks"] == [1]
+    assert (
+        "rank 1 is in its own code (a loop that does not end?) at train.py:72" in cause["summary"]
+    )
+    assert "rank 0 in all_reduce #3 of f32[4] at train.py:67" in cause["summary"]
+
+
+def test_a_rank_still_moving_is_busy_not_stuck() -> None:
+    busy = {0: _in(0, 3, "barrier", "train.py:50"), 1: _out(1, "eval.py:12", "", same_s=0.5)}
+    assert name_cause(busy) is None
+
+
+def test_the_threshold_adapts_to_the_step_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [100.0]
+    monkeypatch.setattr("paratrain.distributed.stall.time.monotonic", lambda: clock[0])
+    monitor = StallMonitor(None, rank=0, world_size=2, log=CollectiveLog(0))
+    assert monitor.threshold() == MIN_STALL_S  # no step yet
+    for step in range(6):  # steps of 2 s, several progress calls each
+        monitor.note_step(step)
+        monitor.note_step(step)
+        clock[0] += 2.0
+    assert monitor.threshold() == pytest.approx(40.0)  # 20 x the 2 s steps
+    clock[0] += 60.0  # one slow step of 62 s: the p99 follows it
+    monitor.note_step(6)
+    assert monitor.threshold() == pytest.approx(20 * 62.0)
+    fixed = StallMonitor(None, rank=0, world_size=2, log=CollectiveLog(0), stall_s=5.0)
+    assert fixed.threshold() == 5.0
+
+
+@pytest.fixture
+def one_rank(tmp_path: Path) -> Any:
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_the_log_records_the_outermost_collective_and_its_line(one_rank: Any) -> None:
+    original = dist.all_reduce
+    log = CollectiveLog(0).install()
+    try:
+        assert dist.all_reduce is not original
+        dist.all_reduce(torch.ones(3, 2))
+        line = test_the_log_records_the_outermost_collective_and_its_line.__code__.co_firstlineno
+        state = log.state()
+        assert state["seq"] == 1 and not state["inside"]
+        assert state["collective"]["op"] == "all_reduce"
+        assert state["collective"]["shapes"] == "f32[3, 2]"
+        assert state["collective"]["where"].startswith("test_stall.py:")
+        assert int(state["collective"]["where"].split(":")[1]) > line
+        gathered: list[Any] = [None]
+        dist.all_gather_object(gathered, {"a": 1})  # calls all_gather inside: one record
+        assert log.seq == 2 and log.last is not None and log.last.op == "all_gather_object"
+    finally:
+        log.uninstall()
+    assert dist.all_reduce is original
