@@ -1,6 +1,6 @@
 """A training job that hangs on purpose, in one of many ways, at step 3.
 
-    paratrain run --nproc 2 hang_job.py KIND [--rank R] [--stall-s S]
+    paratrain run --nproc 2 hang_job.py KIND [--rank R] [--stall-s S] [--no-preempt]
 
 KIND (rank R, default 1, is the odd one out):
   only_rank0_collective  rank 0 all-reduces a tensor the others never all-reduce
@@ -36,6 +36,9 @@ parser = argparse.ArgumentParser()
 parser.add_argument("kind")
 parser.add_argument("--rank", type=int, default=1)
 parser.add_argument("--stall-s", type=float, default=None)
+parser.add_argument(
+    "--no-preempt", action="store_true", help="torchrun's SIGTERM ends a rank at once"
+)
 args = parser.parse_args()
 
 
@@ -47,7 +50,10 @@ class Slow(torch.utils.data.Dataset):
         return torch.randn(8), int(i % 4)
 
 
-with pt.Run(seed=0, progress=False, stall_s=args.stall_s, timeout_s=600) as run:
+preempt = None if args.no_preempt else ("SIGTERM", "SIGUSR1", "SIGUSR2")
+with pt.Run(
+    seed=0, progress=False, stall_s=args.stall_s, timeout_s=600, preempt_signals=preempt
+) as run:
     net = nn.Linear(8, 4)
     model, optimizer = run.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
     odd = run.rank == args.rank

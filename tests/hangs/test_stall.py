@@ -111,3 +111,36 @@ def test_the_log_records_the_outermost_collective_and_its_line(one_rank: Any) ->
     finally:
         log.uninstall()
     assert dist.all_reduce is original
+
+
+def test_where_a_rank_is_stuck_is_read_from_its_innermost_frames() -> None:
+    from traceback import FrameSummary
+
+    from paratrain.distributed.stall import _kind_of_place
+
+    def at(file: str, line: str) -> list[FrameSummary]:
+        return [
+            FrameSummary("train.py", 1, "<module>", line="main()"),
+            FrameSummary(file, 9, "f", line=line),
+        ]
+
+    assert _kind_of_place(at("train.py", "n += 1")).startswith("in its own code")
+    assert _kind_of_place(at("train.py", "lock.acquire()")).startswith("blocked")
+    assert _kind_of_place(at("train.py", "time.sleep(3600)")).startswith("blocked")
+    assert _kind_of_place(at("/usr/lib/python3.11/queue.py", "self.not_empty.wait()")).startswith(
+        "blocked"
+    )
+    loader = at(
+        "/venv/site-packages/torch/utils/data/dataloader.py", "idx, data = self._get_data()"
+    )
+    assert _kind_of_place(loader).startswith("in the data loader")
+
+
+def test_a_recorded_collective_against_ddps_backward_is_a_mismatch() -> None:
+    backward = _out(1, "train.py:101", "", same_s=40.0) | {"waiting": True, "call": "run.backward"}
+    cause = name_cause({0: _in(0, 3, "barrier", "train.py:87"), 1: backward})
+    assert cause is not None and cause["kind"] == "mismatched collectives"
+    assert "rank 0 in barrier #3" in cause["summary"]
+    assert "rank 1 at train.py:101 (in run.backward)" in cause["summary"]
+    both = name_cause({0: backward | {"rank": 0}, 1: backward})
+    assert both is not None and both["kind"] == "collective does not complete"

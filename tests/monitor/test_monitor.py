@@ -56,6 +56,16 @@ def test_each_flag(tmp_path: Path, changes: dict[str, float], flag: str, where: 
     assert found[0]["hint"]
 
 
+def test_a_named_hang_is_a_flag(tmp_path: Path) -> None:
+    run_dir = _write(tmp_path, [{"rank": 0}, {"rank": 1}])
+    (run_dir / "stacks").mkdir()
+    cause = {"kind": "mismatched collectives", "ranks": [1], "summary": "rank 0 in all_reduce #3"}
+    (run_dir / "stacks" / "diagnosis.json").write_text(json.dumps(cause))
+    (hang,) = [f for f in snapshot(run_dir)["flags"] if f["flag"].startswith("hang")]
+    assert hang["flag"] == "hang: mismatched collectives" and hang["where"] == "rank 1"
+    assert hang["detail"] == "rank 0 in all_reduce #3" and "stacks" in hang["hint"]
+
+
 def test_healthy_job_and_idle_gpu(tmp_path: Path) -> None:
     run_dir = _write(tmp_path, [{"rank": 0}, {"rank": 1}])
     snap = snapshot(run_dir)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import time
 import zlib
 from collections import deque
@@ -56,31 +57,23 @@ def _stack_places(stack: Sequence[Any]) -> list[tuple[str, int]]:
     return [(f.filename, f.lineno or 0) for f in stack]
 
 
+BLOCKING = re.compile(
+    r"\b(sleep|acquire|wait|join|get|put|read|readline|readinto|recv|recv_into|accept|connect|"
+    r"select|poll|communicate|input)\("
+)
+"""Calls that block in C (no Python frame of their own): seen in the innermost line's text."""
+
+
 def _kind_of_place(stack: Sequence[Any]) -> str:
     """Where a rank that is not in a collective is stuck, by its innermost frames."""
     files = [f.filename.replace("\\", "/") for f in stack[-6:]]
-    names = [f.name for f in stack[-3:]]
     if any("/torch/utils/data/" in f for f in files):
         return "in the data loader (a worker died or blocks)"
-    if any(
-        n
-        in (
-            "sleep",
-            "read",
-            "readinto",
-            "recv",
-            "recv_into",
-            "accept",
-            "wait",
-            "get",
-            "acquire",
-            "join",
-        )
-        for n in names
-    ) or any(
-        f.endswith(("/socket.py", "/ssl.py", "/queue.py", "/threading.py", "/subprocess.py"))
-        for f in files
-    ):
+    inner = stack[-1] if stack else None
+    blocking_module = files and files[-1].endswith(
+        ("/socket.py", "/ssl.py", "/queue.py", "/threading.py", "/subprocess.py", "/selectors.py")
+    )
+    if blocking_module or (inner is not None and BLOCKING.search(inner.line or "")):
         return "blocked in I/O, a lock, a queue or a sleep"
     return "in its own code (a loop that does not end?)"
 
@@ -226,9 +219,19 @@ def name_cause(
         why = WHY[kind]
         behind = min(recorded, key=lambda r: recorded[r]["seq"])
         return {"kind": kind, "ranks": [behind], "summary": f"{why}: {described}"}
+    # Some ranks wait where no collective was recorded (DDP's gradient all-reduce in backward,
+    # a wait on an asynchronous one): different places mean different collectives.
+    places = {(_at(s) if r not in recorded else f"{recorded[r]['op']}") for r, s in states.items()}
     low = min(s.get("step", 0) for s in states.values())
+    lowest = sorted(r for r, s in states.items() if s.get("step", 0) == low)
+    if len(places) > 1:
+        return {
+            "kind": "mismatched collectives",
+            "ranks": lowest,
+            "summary": f"{WHY['mismatched collectives']}: {described}",
+        }
     return {
-        "kind": "waiting",
-        "ranks": sorted(r for r, s in states.items() if s.get("step", 0) == low),
-        "summary": f"every rank waits and none is behind in a recorded collective: {described}",
+        "kind": "collective does not complete",
+        "ranks": lowest,
+        "summary": f"{WHY['collective does not complete']}: {described}",
     }

@@ -274,6 +274,25 @@ def flags(records: list[dict[str, Any]], gpus: list[dict[str, Any]]) -> list[dic
     return found
 
 
+def hang_flags(run_dir: Path | None) -> list[dict[str, str]]:
+    """The stall the ranks named (``stacks/diagnosis.json``), as a flag."""
+    if run_dir is None:
+        return []
+    path = run_dir / "stacks" / "diagnosis.json"
+    try:
+        cause = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    return [
+        {
+            "flag": f"hang: {cause.get('kind', '?')}",
+            "where": ", ".join(f"rank {r}" for r in cause.get("ranks", [])),
+            "detail": str(cause.get("summary", "")),
+            "hint": f"every rank's stacks are in {path.parent}",
+        }
+    ]
+
+
 def snapshot(run_dir: Path | None) -> dict[str, Any]:
     """Machine and job state right now."""
     started = time.monotonic()
@@ -297,7 +316,7 @@ def snapshot(run_dir: Path | None) -> dict[str, Any]:
         "gpus": gpus,
         "gpu_note": gpu_note,
         "processes": processes,
-        "flags": flags(records, gpus),
+        "flags": flags(records, gpus) + hang_flags(run_dir),
         "cpu_percent": psutil.cpu_percent(None),
         "memory_percent": psutil.virtual_memory().percent,
     }

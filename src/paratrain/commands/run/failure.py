@@ -74,6 +74,11 @@ def root_failure(output: str) -> RankExit | None:
     return next((e for e in entries if e.rank not in lost_peer), entries[0])
 
 
+def _failed_ranks(output: str) -> set[int]:
+    """The ranks torchrun's failure report lists."""
+    return {int(m.group(1)) for m in re.finditer(r"rank\s*:\s*(\d+)\s*\(local_rank", output)}
+
+
 def failure_summary(output: str) -> str | None:
     """'rank 1 (local rank 1) was killed by SIGKILL' from torchrun's failure report."""
     failed = root_failure(output)
@@ -246,7 +251,20 @@ def failure_message(
             f"went from {oom_kills_before} to {killed}), not a crash of the script"
         )
         told = summary
-    mismatch = GLOO_MISMATCH.search(output)
+    alone = failed is not None and len(_failed_ranks(output)) == 1
+    if told is None and alone and failed is not None and _only_lost_its_peer(output, failed.rank):
+        at = f" at {raised[1]}" if raised is not None else ""
+        summary = told = (
+            f"rank {failed.rank} lost its peer in a collective{at}, and no other rank failed: "
+            "another rank had left the training loop (it finished, exit 0) while this one still "
+            "ran collectives. The ranks ran different numbers of steps or collectives: an early "
+            "stop decided on one rank's own metric (decide on run.reduce(metric)), batches of "
+            "your own that differ in number (use run.loader), or a save, barrier or collective "
+            "on one rank only"
+        )
+        mismatch = None
+    else:
+        mismatch = GLOO_MISMATCH.search(output)
     if mismatch is not None and told is None:
         who = failed.describe() if failed is not None else "a rank aborted"
         summary = (
@@ -279,7 +297,7 @@ def failure_message(
         )
     else:  # the main process (rank 0), which reports the run dir, runs on node 0
         text += "; node 0's paratrain run names the run dir (or pass --run-dir on every node)"
-    if told is not None and mismatch is not None:
+    if told is not None and (mismatch is not None or alone):
         return text + ". Call every collective on every rank, in the same order."
     if told is not None:
         return text + (
