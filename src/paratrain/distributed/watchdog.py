@@ -228,10 +228,19 @@ class Watchdog:
                 if self.exit_after_dump:
                     os._exit(STALLED_EXIT)
                 return
-            if self.monitor is not None and self._stalled(idle):
+            if self.monitor is not None and self._named_a_stall(idle):
                 if self.exit_after_dump:
                     os._exit(STALLED_EXIT)
                 return
+
+    def _named_a_stall(self, idle: float) -> bool:
+        """:meth:`_stalled`, whose failure must not end the watch (the hard limit stays)."""
+        try:
+            return self._stalled(idle)
+        except Exception as error:
+            print(f"paratrain: rank {self.rank}: stall check failed: {error!r}", file=sys.stderr)
+            self.monitor = None
+            return False
 
     def _stalled(self, idle: float) -> bool:
         """Publish this rank's state; past the stall threshold, name the cause (and dump)."""

@@ -568,7 +568,10 @@ class Run(RunBase):
                 and self._plan is None
                 and oom.is_out_of_memory(error)
             ):
-                text = oom.report(self, error)
+                try:
+                    text = oom.report(self, error)
+                except Exception as failed:  # the report must never hide the error itself
+                    text = f"out of memory; no report ({type(failed).__name__}: {failed})"
                 print(f"paratrain: {text}", file=sys.stderr, flush=True)
         finally:
             self.close()
