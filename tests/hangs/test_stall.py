@@ -144,3 +144,21 @@ def test_a_recorded_collective_against_ddps_backward_is_a_mismatch() -> None:
     assert "rank 1 at train.py:101 (in run.backward)" in cause["summary"]
     both = name_cause({0: backward | {"rank": 0}, 1: backward})
     assert both is not None and both["kind"] == "collective does not complete"
+
+
+def test_a_shape_mismatch_some_ranks_passed_is_still_named() -> None:
+    """gloo at 4 ranks can complete a ring on the ranks with the smaller tensor: they move on to
+    backward, the odd rank stays in the collective."""
+    passed = _in(0, 3, "all_reduce", "train.py:73") | {"inside": False, "call": "run.backward"}
+    states = {r: passed | {"rank": r} for r in (0, 2, 3)}
+    states[1] = _in(1, 3, "all_reduce", "train.py:73", shapes="f32[6]")
+    cause = name_cause(states)
+    assert cause is not None and cause["kind"] == "shape mismatch" and cause["ranks"] == [1]
+    assert (
+        "all_reduce #3 at train.py:73: rank(s) 0, 2, 3: f32[4]; rank(s) 1: f32[6]"
+        in cause["summary"]
+    )
+    scatter = {0: _in(0, 4, "scatter", "t.py:1", shapes="f32[4], f32[4]"),
+               1: _in(1, 4, "scatter", "t.py:1", shapes="")}  # fmt: skip
+    named = name_cause(scatter)
+    assert named is not None and named["kind"] != "shape mismatch"

@@ -40,6 +40,19 @@ STUCK_S = 10.0
 """A rank whose main thread has not moved for this long (or the threshold, if shorter) is stuck."""
 PUBLISH_EVERY_S = 2.0
 
+SAME_SHAPES = frozenset(
+    {
+        "all_reduce",
+        "broadcast",
+        "all_gather",
+        "all_gather_into_tensor",
+        "reduce_scatter_tensor",
+        "reduce",
+    }
+)
+"""Collectives whose tensors have the same shapes on every rank (not gather, scatter or
+all_to_all, whose per-rank arguments differ by design)."""
+
 WHY = {
     "two process groups": "the ranks wait in different process groups, each for the others: "
     "call the groups' collectives in the same order on every rank",
@@ -172,6 +185,37 @@ def _at(state: dict[str, Any]) -> str:
     return f"in {entry['op']} #{entry['seq']}{shapes} at {entry['where']}"
 
 
+def _shapes_differ(states: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+    """The same collective (number and op) called with different shapes, whether the ranks are
+    still in it or some passed it (gloo can complete a ring with the wrong sizes on some ranks)."""
+    calls: dict[tuple[int, str], dict[int, str]] = {}
+    for rank, state in states.items():
+        entry = state.get("collective")
+        if entry is not None and entry["op"] in SAME_SHAPES:
+            calls.setdefault((entry["seq"], entry["op"]), {})[rank] = entry["shapes"]
+    for (seq, op), shapes in sorted(calls.items(), reverse=True):
+        if len(set(shapes.values())) > 1:
+            by_shape: dict[str, list[int]] = {}
+            for rank, shape in sorted(shapes.items()):
+                by_shape.setdefault(shape, []).append(rank)
+            described = "; ".join(
+                f"rank(s) {', '.join(map(str, ranks))}: {shape}"
+                for shape, ranks in by_shape.items()
+            )
+            odd = min(by_shape.values(), key=len)
+            where = next(iter(states.values()))
+            line = next(
+                (st["collective"]["where"] for st in states.values() if st.get("collective")),
+                where.get("where", "?"),
+            )
+            return {
+                "kind": "shape mismatch",
+                "ranks": odd,
+                "summary": f"{WHY['shape mismatch']}: {op} #{seq} at {line}: {described}",
+            }
+    return None
+
+
 def name_cause(
     states: dict[int, dict[str, Any]], *, stuck_s: float = STUCK_S
 ) -> dict[str, Any] | None:
@@ -181,6 +225,9 @@ def name_cause(
         return None
     waiting = {r: s for r, s in states.items() if s.get("inside") or s.get("waiting")}
     others = {r: s for r, s in states.items() if r not in waiting}
+    mismatched = _shapes_differ(states)
+    if mismatched is not None and waiting:
+        return mismatched
     if others:
         stuck = {r: s for r, s in others.items() if s.get("same_s", 0) >= stuck_s}
         if not stuck or not waiting:
@@ -212,7 +259,7 @@ def name_cause(
             kind = "two process groups"
         elif len(seqs) > 1 or len(ops) > 1:
             kind = "mismatched collectives"
-        elif len(shapes) > 1:
+        elif len(shapes) > 1 and ops <= SAME_SHAPES:
             kind = "shape mismatch"
         else:
             kind = "collective does not complete"
