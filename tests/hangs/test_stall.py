@@ -9,8 +9,25 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from paratrain.commands.run import failure
 from paratrain.distributed.collective_log import CollectiveLog
 from paratrain.distributed.stall import MIN_STALL_S, StallMonitor, name_cause
+
+LEFT_EARLY = """[rank0]: RuntimeError: Connection reset by peer
+[rank2]: RuntimeError: Connection reset by peer
+Failures:
+[1]:
+  time      : t
+  host      : box
+  rank      : 2 (local_rank: 2)
+  exitcode  : 1 (pid: 12)
+Root Cause (first observed failure):
+[0]:
+  time      : t
+  host      : box
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 11)
+"""
 
 
 def _in(rank: int, seq: int, op: str, where: str, shapes: str = "f32[4]", group: str = "default",
@@ -162,3 +179,14 @@ def test_a_shape_mismatch_some_ranks_passed_is_still_named() -> None:
                1: _in(1, 4, "scatter", "t.py:1", shapes="")}  # fmt: skip
     named = name_cause(scatter)
     assert named is not None and named["kind"] != "shape mismatch"
+
+
+def test_ranks_that_only_lost_their_peer_name_an_early_exit() -> None:
+    """Rank 1 left the loop (exit 0, so not in torchrun's report); ranks 0 and 2 lost it."""
+    text = failure.failure_message(1, LEFT_EARLY, None, 0)
+    assert "rank 0 lost its peer in a collective, and no rank failed on its own" in text
+    assert "an early stop decided on one rank's own metric" in text
+    own = LEFT_EARLY.replace(
+        "[rank2]: RuntimeError: Connection reset by peer", "[rank2]: ValueError: bad"
+    )
+    assert "lost its peer" not in failure.failure_message(1, own, None, 0)

@@ -251,11 +251,13 @@ def failure_message(
             f"went from {oom_kills_before} to {killed}), not a crash of the script"
         )
         told = summary
-    alone = failed is not None and len(_failed_ranks(output)) == 1
-    if told is None and alone and failed is not None and _only_lost_its_peer(output, failed.rank):
+    listed = _failed_ranks(output)
+    # Every rank that failed only lost its peer: the one that left did not fail, it finished.
+    alone = bool(listed) and all(_only_lost_its_peer(output, rank) for rank in listed)
+    if told is None and alone and failed is not None:
         at = f" at {raised[1]}" if raised is not None else ""
         summary = told = (
-            f"rank {failed.rank} lost its peer in a collective{at}, and no other rank failed: "
+            f"rank {failed.rank} lost its peer in a collective{at}, and no rank failed on its own: "
             "another rank had left the training loop (it finished, exit 0) while this one still "
             "ran collectives. The ranks ran different numbers of steps or collectives: an early "
             "stop decided on one rank's own metric (decide on run.reduce(metric)), batches of "
