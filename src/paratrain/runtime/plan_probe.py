@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
-from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim import Optimizer
 
 from paratrain.config import RunConfig
@@ -56,16 +55,6 @@ class Probe:
         self.captured = Captured()
         self.settings: RunConfig | None = None
         """The script's own settings (its strategy's options: fsdp units, precision, ...)."""
-        # Registered before the tracker's own global hooks, so it runs first: MemTracker refuses
-        # a module's second forward (accumulation windows, a second step) unless reset first.
-        self._reset = register_module_forward_pre_hook(self._before_forward)
-
-    def _before_forward(self, module: nn.Module, args: Any) -> None:
-        if module is self.captured.model:
-            self.tracker.reset_mod_stats()
-
-    def close(self) -> None:
-        self._reset.remove()
 
     def config(self, config: RunConfig) -> RunConfig:
         """The script's settings, reduced to one CPU process that leaves nothing behind."""

@@ -81,8 +81,10 @@ def plan_command(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"`paratrain plan` could not run {target[0]} on fake tensors: {plan['error']} at "
             f"{plan['where']}. A fake tensor has a shape but no values: a value read before the "
-            "first optimizer step with `.tolist()`, `if tensor:` or a NumPy conversion cannot be "
-            "planned (`.item()` reads 1 in a plan). Move that read after the first `run.step(...)`."
+            "first optimizer step as a NumPy array, or an op whose output shape depends on values "
+            "(`nonzero`, `masked_select`), cannot be planned (`.item()`, `.tolist()`, `float()`, "
+            "an index or a truth value read a placeholder in a plan). "
+            "Move that read after the first `run.step(...)`."
             if "where" in plan
             else f"`paratrain plan` could not plan {target[0]}: {plan['error']}."
         )

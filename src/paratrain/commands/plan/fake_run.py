@@ -4,9 +4,10 @@
 
 What ``paratrain plan`` runs, one process. Tensors the script makes are fake (shapes and dtypes,
 no memory), so a model of any size costs nothing. The data loader's indices and seeds are drawn
-on real tensors (they are read as numbers), and ``.item()`` of a fake tensor reads 1. The JSON
-holds the plan's rows, or ``error``: the operation a fake tensor cannot do (``.tolist()``, a NumPy
-conversion before the first step) and the script's line that asked for it.
+on real tensors (they are read as numbers), and a fake tensor read as a number gives a placeholder
+(``.item()`` 1, an index 0, a truth value False). The JSON
+holds the plan's rows, or ``error``: the operation a fake tensor cannot do (a NumPy conversion,
+``nonzero`` before the first step) and the script's line that asked for it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 import torch
 import torch.utils.data.dataloader as dataloader
 
-from paratrain.commands.plan.memory import plans
+from paratrain.commands.plan.memory import plans, step_tracker
 from paratrain.config import RunConfig
 from paratrain.runtime import plan_probe as probe
 
@@ -48,19 +49,29 @@ def _real_indices() -> None:
     dataloader._BaseDataLoaderIter._next_index = _next_index  # type: ignore[method-assign]
 
 
-def _items_read_as_zero() -> None:
-    """``loss.item()`` of a fake tensor is 1 (a log line of every micro-batch must not stop the
-    plan; a plan measures memory, not values). ``.tolist()`` and NumPy still stop it, named."""
+def _values_read_as_placeholders() -> None:
+    """A fake tensor's value read as a number: ``.item()`` and ``float()`` give 1.0, ``int()`` 1,
+    an index 0, a truth value False (a log line of every micro-batch, a clipped norm, a sampled
+    offset or a rejection loop must not stop the plan; a plan measures memory, not values).
+    A NumPy conversion or an op whose output shape depends on values still stops it, named."""
     from torch._subclasses.fake_tensor import FakeTensor
 
-    item = torch.Tensor.item
+    def placeholder(name: str, value: Any) -> None:
+        real = getattr(torch.Tensor, name)
 
-    def _item(self: torch.Tensor) -> Any:
-        if isinstance(self, FakeTensor):
-            return True if self.dtype == torch.bool else 1 if not self.is_floating_point() else 1.0
-        return item(self)
+        def read(self: torch.Tensor, *args: Any) -> Any:
+            if isinstance(self, FakeTensor):
+                if name == "item":
+                    kind = self.dtype
+                    return False if kind == torch.bool else 1.0 if self.is_floating_point() else 1
+                return value
+            return real(self, *args)
 
-    torch.Tensor.item = _item  # type: ignore[method-assign,assignment]
+        setattr(torch.Tensor, name, read)
+
+    for name, value in (("item", None), ("__float__", 1.0), ("__int__", 1), ("__index__", 0),
+                        ("__bool__", False)):  # fmt: skip
+        placeholder(name, value)
 
 
 def _script_line(error: BaseException, script: Path) -> str:
@@ -76,13 +87,12 @@ def plan_script(target: list[str], nproc: int) -> dict[str, Any]:
     """The plan of the script ``target[0]`` run with arguments ``target[1:]`` (see the module
     docstring)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.mem_tracker import MemTracker
 
     script = Path(target[0]).resolve()
     started = time.perf_counter()
     _real_indices()
-    _items_read_as_zero()
-    tracker = MemTracker()
+    _values_read_as_placeholders()
+    tracker = step_tracker()
     with tempfile.TemporaryDirectory(prefix="paratrain-plan-") as run_dir:
         probe.ACTIVE = active = probe.Probe(tracker, run_dir)
         sys.argv = [str(script), *target[1:]]
@@ -102,8 +112,6 @@ def plan_script(target: list[str], nproc: int) -> dict[str, Any]:
                 }
             else:
                 return {"error": "the script ended before its first optimizer step (run.step)"}
-            finally:
-                active.close()
             captured = active.captured
             config = active.settings or RunConfig()
             rows = plans(captured, world=nproc, config=config, accelerator="cpu")

@@ -91,6 +91,28 @@ def gradient_bytes(model: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
 
 
+def step_tracker() -> Any:
+    """torch's ``MemTracker`` without its per-module statistics: the peak by category is what a
+    plan needs, and a model called twice before its backward (a GAN's discriminator on real and
+    fake batches) is beyond those statistics."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    class StepTracker(MemTracker):  # type: ignore[no-untyped-call]
+        def _pre_fw_hook(self, module: nn.Module, inputs: Any) -> None:
+            pass
+
+        def _post_fw_hook(self, module: nn.Module, inputs: Any, outputs: Any) -> None:
+            pass
+
+        def _pre_bw_hook(self, module: nn.Module, args: Any) -> None:
+            pass
+
+        def _post_bw_hook(self, module: nn.Module, args: Any) -> None:
+            pass
+
+    return StepTracker()
+
+
 BUCKET_BYTES = 25 * 2**20
 """DDP's default ``bucket_cap_mb``."""
 
@@ -126,11 +148,10 @@ def replay(
     """Two steps of ``model`` on ``inputs`` (args, kwargs), each of ``grad_accum`` micro-batches
     (FSDP's gradient sync held back until the last, as paratrain's ``no_sync`` does), with a sum
     of the outputs as the loss, under a fresh MemTracker: the peak by category."""
-    from torch.distributed._tools.mem_tracker import MemTracker
     from torch.distributed.fsdp import FSDPModule
 
     args, kwargs = inputs
-    tracker = MemTracker()
+    tracker = step_tracker()
     optimizer = make_optimizer(model)
     tracker.track_external(model, optimizer)
     with tracker:
@@ -138,7 +159,6 @@ def replay(
             for micro in range(grad_accum):
                 if isinstance(model, FSDPModule):
                     model.set_requires_gradient_sync(micro == grad_accum - 1)
-                tracker.reset_mod_stats()
                 outputs = tree_flatten(model(*args, **kwargs))[0]
                 floats = [
                     t for t in outputs if isinstance(t, torch.Tensor) and t.is_floating_point()
