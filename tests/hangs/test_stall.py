@@ -190,3 +190,40 @@ def test_ranks_that_only_lost_their_peer_name_an_early_exit() -> None:
         "[rank2]: RuntimeError: Connection reset by peer", "[rank2]: ValueError: bad"
     )
     assert "lost its peer" not in failure.failure_message(1, own, None, 0)
+
+
+class _Store:
+    """The two calls of the job's store the monitor reads and writes."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, str] = {}
+
+    def set(self, key: str, value: str) -> None:
+        self.data[key] = value
+
+    def get(self, key: str) -> bytes:
+        return self.data[key].encode()
+
+    def check(self, keys: list[str]) -> bool:
+        return all(k in self.data for k in keys)
+
+
+def test_a_rank_that_stopped_publishing_is_named_not_answering() -> None:
+    import json
+    import time
+
+    store = _Store()
+    now = time.time()
+    store.set(
+        "paratrain/stall/0", json.dumps(_in(0, 3, "all_reduce", "train.py:9") | {"time": now})
+    )
+    late = _in(1, 3, "all_reduce", "train.py:9") | {"time": now - 60}
+    store.set("paratrain/stall/1", json.dumps(late))
+    monitor = StallMonitor(store, rank=0, world_size=2, log=CollectiveLog(0), stall_s=1.0)
+    cause = monitor.check(5.0, waiting=True)
+    assert cause is not None and cause["kind"] == "never reached" and cause["ranks"] == [1]
+    assert (
+        "rank 1 is not answering (blocked in native code holding the GIL, or gone)"
+        in (cause["summary"])
+    )
+    assert monitor.check(0.5, waiting=True) is None  # below the threshold: nothing compared

@@ -15,8 +15,9 @@ it waits in a collective, it reads every rank's state and names the cause:
 - **shape mismatch**: the same collective with different shapes;
 - **two process groups** waiting on each other;
 - **a rank that never reached** the collective the others wait in, with where it is instead: in
-  its own code (a loop), in the data loader, in I/O or a sleep. A rank whose main thread is still
-  moving is busy, not stuck: nothing is declared for it (``timeout_s`` remains the limit).
+  its own code (a loop), in the data loader, in I/O or a sleep, or not answering at all (its state
+  stopped coming: native code holding the GIL, or a dead process). A rank whose main thread is
+  still moving is busy, not stuck: nothing is declared for it (``timeout_s`` remains the limit).
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import contextlib
 import json
 import re
 import time
-import zlib
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
@@ -39,6 +39,8 @@ STEP_TIMES = 20.0
 STUCK_S = 10.0
 """A rank whose main thread has not moved for this long (or the threshold, if shorter) is stuck."""
 PUBLISH_EVERY_S = 2.0
+SILENT_S = 10.0
+"""A rank whose state is older than this has stopped publishing."""
 
 SAME_SHAPES = frozenset(
     {
@@ -129,15 +131,13 @@ class StallMonitor:
         p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
         return max(MIN_STALL_S, STEP_TIMES * p99)
 
-    def publish(
-        self, step: int, stack: Sequence[Any], verdict: Any, *, force: bool = False
-    ) -> None:
-        """This rank's state in the store (every :data:`PUBLISH_EVERY_S` unless ``force``)."""
+    def publish(self, step: int, stack: Sequence[Any], verdict: Any) -> None:
+        """This rank's state in the store (at most every :data:`PUBLISH_EVERY_S`)."""
         now = time.monotonic()
         places = _stack_places(stack)
         if places != self._places:
             self._places, self._same_since = places, now
-        if not force and now - self._published < PUBLISH_EVERY_S:
+        if now - self._published < PUBLISH_EVERY_S:
             return
         self._published = now
         state = {
@@ -149,7 +149,6 @@ class StallMonitor:
             "waiting": bool(verdict.waiting),
             "place": _kind_of_place(stack),
             "same_s": round(now - self._same_since, 1),
-            "stack_id": zlib.crc32(repr(places).encode()),
             "time": time.time(),
         }
         # A store that went away: the hard timeout (timeout_s) still ends the job.
@@ -173,7 +172,18 @@ class StallMonitor:
         """The named cause once this rank has waited past the threshold, else None."""
         if idle_s < self.threshold() or not (waiting or self.log.current is not None):
             return None
-        return name_cause(self.states(), stuck_s=min(STUCK_S, self.threshold() / 2))
+        states = self.states()
+        now = time.time()
+        for state in states.values():  # a rank that stopped publishing is stuck where no
+            silent = now - state.get("time", now)  # Python runs (native code holding the GIL)
+            if silent > SILENT_S:
+                state.update(
+                    inside=False,
+                    waiting=False,
+                    same_s=silent,
+                    place="not answering (blocked in native code holding the GIL, or gone)",
+                )
+        return name_cause(states, stuck_s=min(STUCK_S, self.threshold() / 2))
 
 
 def _at(state: dict[str, Any]) -> str:
