@@ -131,14 +131,17 @@ class StallMonitor:
         p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
         return max(MIN_STALL_S, STEP_TIMES * p99)
 
+    def due(self, idle_s: float) -> bool:
+        """Whether the watchdog should read the main thread's stack now: to publish it (every
+        :data:`PUBLISH_EVERY_S`) or to judge a stall."""
+        return time.monotonic() - self._published >= PUBLISH_EVERY_S or idle_s >= self.threshold()
+
     def publish(self, step: int, stack: Sequence[Any], verdict: Any) -> None:
-        """This rank's state in the store (at most every :data:`PUBLISH_EVERY_S`)."""
+        """This rank's state in the store."""
         now = time.monotonic()
         places = _stack_places(stack)
         if places != self._places:
             self._places, self._same_since = places, now
-        if now - self._published < PUBLISH_EVERY_S:
-            return
         self._published = now
         state = {
             "rank": self.rank,

@@ -200,6 +200,7 @@ class Watchdog:
         self.directory, self.rank, self.after_s = directory, rank, after_s
         self.exit_after_dump = exit_after_dump
         self.monitor = monitor
+        self._roots: CodeRoots | None = None
         """A :class:`paratrain.distributed.stall.StallMonitor`: names a hang long before
         ``after_s`` by comparing every rank's collectives; None: only the stacks at ``after_s``."""
         self.step = 0
@@ -244,9 +245,12 @@ class Watchdog:
 
     def _stalled(self, idle: float) -> bool:
         """Publish this rank's state; past the stall threshold, name the cause (and dump)."""
+        if not self.monitor.due(idle):  # the stack is read only when it is published or judged
+            return False
         frames = sys._current_frames().get(self._main.ident or -1)
         stack = traceback.extract_stack(frames) if frames is not None else []
-        verdict = judge(stack)
+        self._roots = self._roots or CodeRoots.here()
+        verdict = judge(stack, self._roots)
         self.monitor.publish(self.step, stack, verdict)
         cause = self.monitor.check(idle, waiting=verdict.waiting)
         if cause is None:
