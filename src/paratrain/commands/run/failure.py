@@ -57,26 +57,26 @@ def root_failure(output: str) -> RankExit | None:
 
     torchrun names the first failure it observed; when that rank only lost its peer (its output
     says so), the rank that failed on its own is named instead."""
-    start = output.rfind("Failures:")
-    root = output.rfind("Root Cause")
-    if root < 0:
-        return None
-    entries = [
-        RankExit(int(m.group(1)), int(m.group(2)), int(m.group(3)))
-        for block in (output[root:], output[start:root] if 0 <= start < root else "")
-        for m in re.finditer(
-            r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)\s*\n\s*exitcode\s*:\s*(-?\d+)", block
-        )
-    ]
+    entries = _failures(output)
     if not entries:
         return None
     lost_peer = {e.rank for e in entries if _only_lost_its_peer(output, e.rank)}
     return next((e for e in entries if e.rank not in lost_peer), entries[0])
 
 
-def _failed_ranks(output: str) -> set[int]:
-    """The ranks torchrun's failure report lists."""
-    return {int(m.group(1)) for m in re.finditer(r"rank\s*:\s*(\d+)\s*\(local_rank", output)}
+def _failures(output: str) -> list[RankExit]:
+    """Every rank torchrun's failure report lists, the root cause first."""
+    start = output.rfind("Failures:")
+    root = output.rfind("Root Cause")
+    if root < 0:
+        return []
+    return [
+        RankExit(int(m.group(1)), int(m.group(2)), int(m.group(3)))
+        for block in (output[root:], output[start:root] if 0 <= start < root else "")
+        for m in re.finditer(
+            r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)\s*\n\s*exitcode\s*:\s*(-?\d+)", block
+        )
+    ]
 
 
 def failure_summary(output: str) -> str | None:
@@ -187,6 +187,63 @@ def oom_kills(root: Path = CGROUP, membership: Path = Path("/proc/self/cgroup"))
     return None
 
 
+_CALL_EVERYWHERE = ". Call every collective on every rank, in the same order."
+
+
+def _named_cause(
+    output: str,
+    run_dir: Path | None,
+    failed: RankExit | None,
+    raised: tuple[str, str] | None,
+    oom_kills_before: int | None,
+) -> tuple[str, str] | None:
+    """(summary, what to do) for a failure paratrain can name beyond the rank's own error: the
+    out-of-memory report a rank left, the kernel's OOM killer, a rank that left early while its
+    peers still ran collectives, gloo's abort on a size mismatch; None otherwise."""
+    told = _oom_report(run_dir, failed.rank) if failed is not None else None
+    if told is not None:
+        return told.rstrip("."), _OOM_AGAIN
+    killed = oom_kills() if oom_kills_before is not None else None
+    if (
+        failed is not None
+        and failed.signal == signal.SIGKILL
+        and killed is not None
+        and oom_kills_before is not None
+        and killed > oom_kills_before
+    ):
+        return (
+            f"{failed.describe()}: the kernel's out-of-memory killer (its cgroup's oom_kill count "
+            f"went from {oom_kills_before} to {killed}), not a crash of the script"
+        ), _OOM_AGAIN
+    listed = _failures(output)
+    # Every rank that failed only lost its peer: the one that left did not fail, it finished.
+    if failed is not None and listed and all(_only_lost_its_peer(output, e.rank) for e in listed):
+        at = f" at {raised[1]}" if raised is not None else ""
+        return (
+            f"rank {failed.rank} lost its peer in a collective{at}, and no rank failed on its own: "
+            "another rank had left the training loop (it finished, exit 0) while this one still "
+            "ran collectives. The ranks ran different numbers of steps or collectives: an early "
+            "stop decided on one rank's own metric (decide on run.reduce(metric)), batches of "
+            "your own that differ in number (use run.loader), or a save, barrier or collective "
+            "on one rank only"
+        ), _CALL_EVERYWHERE
+    mismatch = GLOO_MISMATCH.search(output)
+    if mismatch is not None:
+        who = failed.describe() if failed is not None else "a rank aborted"
+        return (
+            f"{who}: gloo received {mismatch.group(1)} bytes where its collective expected "
+            f"{mismatch.group(2)}: the ranks called different collectives (one under `if rank == "
+            "0`, after an early exit, or in another order) or passed tensors of different sizes"
+        ), _CALL_EVERYWHERE
+    return None
+
+
+_OOM_AGAIN = (
+    ". A restart would run out of memory again: lower the memory each rank needs (the changes "
+    "above; `paratrain plan` measures each strategy before launch)."
+)
+
+
 def _oom_report(run_dir: Path | None, rank: int) -> str | None:
     """The paragraph a rank that ran out of memory left (``run_dir/oom/rank<r>.txt``)."""
     if run_dir is None:
@@ -235,49 +292,11 @@ def failure_message(
         raised = raised_at(unprefixed, skip=_library_folders())
     if raised is not None:
         summary = f"rank {failed.rank} raised {_short(raised[0])} at {raised[1]}"  # type: ignore[union-attr]
-    told = _oom_report(run_dir, failed.rank) if failed is not None else None
-    if told is not None:
-        summary = told.rstrip(".")
-    killed = oom_kills() if oom_kills_before is not None else None
-    if (
-        failed is not None
-        and failed.signal == signal.SIGKILL
-        and killed is not None
-        and oom_kills_before is not None
-        and killed > oom_kills_before
-    ):
-        summary = (
-            f"{failed.describe()}: the kernel's out-of-memory killer (its cgroup's oom_kill count "
-            f"went from {oom_kills_before} to {killed}), not a crash of the script"
-        )
-        told = summary
-    listed = _failed_ranks(output)
-    # Every rank that failed only lost its peer: the one that left did not fail, it finished.
-    alone = bool(listed) and all(_only_lost_its_peer(output, rank) for rank in listed)
-    if told is None and alone and failed is not None:
-        at = f" at {raised[1]}" if raised is not None else ""
-        summary = told = (
-            f"rank {failed.rank} lost its peer in a collective{at}, and no rank failed on its own: "
-            "another rank had left the training loop (it finished, exit 0) while this one still "
-            "ran collectives. The ranks ran different numbers of steps or collectives: an early "
-            "stop decided on one rank's own metric (decide on run.reduce(metric)), batches of "
-            "your own that differ in number (use run.loader), or a save, barrier or collective "
-            "on one rank only"
-        )
-        mismatch = None
-    else:
-        mismatch = GLOO_MISMATCH.search(output)
-    if mismatch is not None and told is None:
-        who = failed.describe() if failed is not None else "a rank aborted"
-        summary = (
-            f"{who}: gloo received {mismatch.group(1)} bytes where its collective "
-            f"expected {mismatch.group(2)}: the ranks called different collectives (one under "
-            "`if rank == 0`, after an early exit, or in another order) or passed tensors of "
-            "different sizes"
-        )
-        told = summary
+    named = _named_cause(output, run_dir, failed, raised, oom_kills_before)
+    if named is not None:
+        summary = named[0]
     stacks = RunDir(run_dir).stacks if run_dir is not None else None
-    stalls = diagnose(stacks) if stacks is not None and told is None else None
+    stalls = diagnose(stacks) if stacks is not None and named is None else None
     if stalls is not None:
         summary = f"stalled: {stalls['summary']}; stacks of every rank in {stacks}"
     text = f"the job failed: {summary}"
@@ -299,13 +318,8 @@ def failure_message(
         )
     else:  # the main process (rank 0), which reports the run dir, runs on node 0
         text += "; node 0's paratrain run names the run dir (or pass --run-dir on every node)"
-    if told is not None and (mismatch is not None or alone):
-        return text + ". Call every collective on every rank, in the same order."
-    if told is not None:
-        return text + (
-            ". A restart would run out of memory again: lower the memory each rank needs (the "
-            "changes above; `paratrain plan` measures each strategy before launch)."
-        )
+    if named is not None:
+        return text + named[1]
     if stalls is not None:
         return text + (
             ". A stall from outside (a network or storage hiccup) can be restarted: "
