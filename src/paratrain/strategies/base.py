@@ -127,7 +127,7 @@ class Strategy:
 
     def wrap(self, model: nn.Module) -> nn.Module:
         """Move ``model`` to the device and wrap it for this strategy (a model already there is
-        left as it is: ``memory plan``'s fake tensors cannot be swapped by ``Module.to``)."""
+        left as it is: ``paratrain plan``'s fake tensors cannot be swapped by ``Module.to``)."""
         tensors = itertools.chain(model.parameters(), model.buffers())
         if all(t.device == self.device for t in tensors):
             return model
