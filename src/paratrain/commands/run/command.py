@@ -36,6 +36,7 @@ from paratrain.commands.run.failure import (
 from paratrain.commands.run.rank_output import RankTracebacks
 from paratrain.commands.run.supervise import STOPPED, supervise
 from paratrain.core.run_dir import RunDir
+from paratrain.distributed.gpus import visible_gpus
 from paratrain.errors import JobFailedError
 
 
@@ -135,8 +136,6 @@ def node_count(text: str) -> tuple[int, int]:
 
 def run_command(args: argparse.Namespace) -> int:
     """Validate, print the topology, run torchrun, explain a failure or an interrupt."""
-    import torch
-
     from paratrain.commands.run.plan import RunOptions, make_plan
 
     with tempfile.TemporaryDirectory(prefix="paratrain-run-") as tmp:
@@ -156,7 +155,7 @@ def run_command(args: argparse.Namespace) -> int:
             torchrun_args=args.torchrun_args,
             report=report,
         )
-        plan = make_plan(options, env=os.environ, gpus=torch.cuda.device_count())
+        plan = make_plan(options, env=os.environ, gpus=visible_gpus())
         where = f"run dir {args.run_dir}" if args.run_dir else "run dir chosen by the script"
         print(f"paratrain run: {plan.describe()}; {where}", flush=True)
         if args.run_dir is not None:  # a previous job's hang report would be taken for this one's

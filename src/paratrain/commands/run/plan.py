@@ -1,6 +1,6 @@
 """Turn ``paratrain run`` options (and a Slurm allocation) into a torchrun command line.
 
-    plan = make_plan(options, env=os.environ, gpus=torch.cuda.device_count())
+    plan = make_plan(options, env=os.environ, gpus=visible_gpus())
     plan.argv        # [python, -m, torch.distributed.run, --nnodes=2, ..., train.py, --lr, 3]
     plan.describe()  # "2 nodes x 4 ranks = 8 ranks, this node 0, nccl on cuda:0-3, ..."
 
