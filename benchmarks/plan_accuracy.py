@@ -29,6 +29,7 @@ from torch.profiler import ProfilerActivity, profile
 import paratrain as pt
 
 kind, strategy, precision, accum = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+checkpointed = sys.argv[5:] == ["ac"]  # the blocks' activations recomputed in backward
 out = os.environ.get("PLAN_MEASURE")
 prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True) if out else None
 if prof is not None:
@@ -79,6 +80,8 @@ else:  # a GPT-shaped transformer with tied embeddings
     wrap = (Block,)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 settings = dict(strategy=strategy, precision=precision, grad_accum=accum, seed=0, progress=False)
+if checkpointed:
+    settings["activation_checkpointing"] = wrap
 if strategy.startswith("fsdp"):
     settings.update(strategy="fsdp", fsdp_wrap=wrap, fsdp_reshard_after_forward=strategy == "fsdp")
 with pt.Run(**settings) as run:
@@ -101,27 +104,33 @@ if prof is not None:
 """
 
 CASES = [
-    (kind, strategy, precision, accum)
+    (kind, strategy, precision, accum, "")
     for kind in ("mlp", "cnn", "gpt")
     for strategy, precision, accum in (
         ("ddp", "fp32", 1), ("fsdp", "fp32", 1), ("ddp", "bf16", 2), ("fsdp", "bf16", 2),
     )
+] + [
+    ("cnn", "ddp", "fp32", 1, "ac"), ("gpt", "ddp", "fp32", 1, "ac"),
+    ("gpt", "fsdp", "fp32", 1, "ac"), ("gpt", "ddp", "bf16", 2, "ac"),
 ]  # fmt: skip
-QUICK = [CASES[0], CASES[1], CASES[8], CASES[9]]
+"""(model, strategy, precision, grad_accum, "ac": the real run checkpoints the blocks'
+activations; the plan, of the script without it, is read from its "+ AC" row)."""
+QUICK = [CASES[0], CASES[1], CASES[8], CASES[9], CASES[13]]
 
 
 RUNS = 3
+Case = tuple[str, str, str, int, str]
 
 
-def measure(script: Path, case: tuple[str, str, str, int], folder: Path) -> list[int]:
+def measure(script: Path, case: Case, folder: Path) -> list[int]:
     return [measure_once(script, case, folder) for _ in range(RUNS)]
 
 
-def measure_once(script: Path, case: tuple[str, str, str, int], folder: Path) -> int:
+def measure_once(script: Path, case: Case, folder: Path) -> int:
     out = folder / f"peak-{'-'.join(map(str, case))}"
     env = {**os.environ, "PLAN_MEASURE": str(out), "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "paratrain", "run", "--nproc", "2",
-               "--run-dir", str(folder / "run"), str(script), *map(str, case)]  # fmt: skip
+               "--run-dir", str(folder / "run"), str(script), *map(str, filter(None, case))]  # fmt: skip
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         raise SystemExit(
@@ -130,9 +139,9 @@ def measure_once(script: Path, case: tuple[str, str, str, int], folder: Path) ->
     return max(json.loads(Path(f"{out}.{r}").read_text())["peak"] for r in range(2))
 
 
-def predict(script: Path, case: tuple[str, str, str, int]) -> dict[str, int]:
+def predict(script: Path, case: Case) -> dict[str, int]:
     command = [sys.executable, "-m", "paratrain", "plan", "--nproc", "2", "--json",
-               str(script), *map(str, case)]  # fmt: skip
+               str(script), *map(str, case[:4])]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     if done.returncode not in (0, 1):
         raise SystemExit(f"{case}: plan failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
@@ -154,7 +163,7 @@ def main() -> int:
         script.write_text(SCRIPT)
         for case in QUICK if args.quick else CASES:
             planned = predict(script, case)
-            row = case[1] if case[1] == "ddp" else "fsdp"
+            row = (case[1] if case[1] == "ddp" else "fsdp") + (" + AC" if case[4] else "")
             measured = measure(script, case, folder)
             high, low = planned[row] / max(measured), planned[row] / min(measured)
             highs.append(high)

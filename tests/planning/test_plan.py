@@ -129,5 +129,66 @@ def test_foreign_loop_shapes_plan(shape: str) -> None:
     done = _plan(script, "--nproc", "2", "--json")
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads(done.stdout)["rows"]
-    assert [row["strategy"] for row in rows] == ["ddp", "fsdp", "fsdp, no reshard"]
+    names = [row["strategy"] for row in rows]
+    assert names[:3] == ["ddp", "fsdp", "fsdp, no reshard"]
+    assert names[3:] in ([], ["ddp + AC", "fsdp + AC"])  # with repeated blocks to checkpoint
     assert all(row["total"] > 0 for row in rows)
+
+
+BLOCKS = """
+import sys
+import torch, torch.nn as nn, torch.nn.functional as F
+import paratrain as pt
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(128, 512), nn.GELU(), nn.Linear(512, 128))
+    def forward(self, x):
+        return x + self.mlp(x)
+model = nn.Sequential(*[Block() for _ in range(4)], nn.Linear(128, 10))
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+data = torch.utils.data.TensorDataset(torch.randn(512, 64, 128), torch.randint(0, 10, (512,)))
+settings = {"activation_checkpointing": (Block,)} if sys.argv[1:] == ["ac"] else {}
+with pt.Run(seed=0, **settings) as run:
+    model, optimizer = run.setup(model, optimizer)
+    for x, y in run.loader(data, batch_size=32):
+        run.backward(F.cross_entropy(model(x).mean(1), y))
+        run.step(optimizer)
+"""
+
+
+def test_recomputed_activations_and_host_offload_are_rows_of_their_own(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(BLOCKS)
+    done = _plan(script, "--nproc", "2", "--gpu-memory", "80GiB", "--json")
+    assert done.returncode == 0, done.stderr
+    rows = {row["strategy"]: row for row in json.loads(done.stdout)["rows"]}
+    assert list(rows) == ["ddp", "fsdp", "fsdp, no reshard", "ddp + AC", "fsdp + AC",
+                          "fsdp, offload"]  # fmt: skip
+    # The four blocks' activations are recomputed: far less is held, the state is unchanged.
+    for name in ("ddp", "fsdp"):
+        assert rows[f"{name} + AC"]["activations"] < 0.7 * rows[name]["activations"]
+        assert rows[f"{name} + AC"]["optimizer"] == rows[name]["optimizer"]
+    assert "4 blocks" in rows["ddp + AC"]["why"]
+    # With its state in host memory, a rank's device holds no optimizer state and no shard.
+    offload, fsdp = rows["fsdp, offload"], rows["fsdp"]
+    assert offload["optimizer"] == 0 and fsdp["optimizer"] > 0
+    assert offload["parameters"] < fsdp["parameters"]
+    assert offload["activations"] == fsdp["activations"]
+    assert "host memory" in offload["why"]
+
+
+def test_a_script_that_checkpoints_already_gets_no_second_ac_row(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(BLOCKS)
+    plain = _plan(script, "--nproc", "2", "--json")
+    done = subprocess.run(
+        [sys.executable, "-m", "paratrain", "plan", "--nproc", "2", "--json", str(script), "ac"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0 and plain.returncode == 0, done.stderr + plain.stderr
+    rows = {row["strategy"]: row for row in json.loads(done.stdout)["rows"]}
+    planned = {row["strategy"]: row for row in json.loads(plain.stdout)["rows"]}
+    assert list(rows) == ["ddp", "fsdp", "fsdp, no reshard"]
+    # The script's own checkpointing is measured: as the plain script's "+ AC" rows predicted.
+    assert rows["ddp"]["total"] == pytest.approx(planned["ddp + AC"]["total"], rel=0.1)

@@ -33,6 +33,7 @@ import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any, Literal
 
 STALLED_EXIT = 124
@@ -205,6 +206,7 @@ class Watchdog:
         ``after_s`` by comparing every rank's collectives; None: only the stacks at ``after_s``."""
         self.step = 0
         self._last = time.monotonic()
+        self._started = time.time()
         self._main = threading.main_thread()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="paratrain-watchdog", daemon=True)
@@ -266,10 +268,28 @@ class Watchdog:
         self.dump(idle)
         return True
 
-    def dump(self, idle: float) -> Path:
-        """Write this rank's stacks and a one-line verdict; return the JSON path."""
+    def end_if_hang_named(self, frame: FrameType | None = None) -> None:
+        """At a termination signal: when a peer named a hang in this job (its
+        ``diagnosis.json``, written since this watch began), the signal is the launcher ending the
+        job for it, not a preemption: write this rank's stacks (the stuck rank's own place is half
+        the diagnosis) and exit with :data:`STALLED_EXIT` at once, instead of waiting for a safe
+        point a stuck rank never reaches. Otherwise return (a preemption). ``frame``: where the
+        signal found the main thread (the signal handler's own frames left out)."""
+        named = self.directory / "diagnosis.json"
+        try:
+            fresh = named.stat().st_mtime >= self._started
+        except OSError:
+            return
+        if not fresh:  # a previous job's report in the same run dir
+            return
+        self.dump(time.monotonic() - self._last, frame)
+        os._exit(STALLED_EXIT)
+
+    def dump(self, idle: float, frame: FrameType | None = None) -> Path:
+        """Write this rank's stacks and a one-line verdict (of the main thread's stack, or of
+        ``frame``'s); return the JSON path."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        frames = sys._current_frames().get(self._main.ident or -1)
+        frames = frame or sys._current_frames().get(self._main.ident or -1)
         verdict = judge(traceback.extract_stack(frames) if frames is not None else [])
         with (self.directory / f"rank{self.rank}.txt").open("w") as f:
             f.write(f"rank {self.rank}: no progress for {idle:.0f}s after step {self.step}\n")

@@ -8,12 +8,15 @@ group, no checkpoints resumed or saved, no trackers) and calls the probe:
     run.step(optimizer)           ->  probe.before_step() / probe.stepped()   # raises PlanComplete
 
 so that one training step of the script's own model, optimizer, batch and loss is measured by
-torch's ``MemTracker`` without any memory behind the tensors.
+torch's ``MemTracker`` without any memory behind the tensors. Given ``checkpoint``, the probe
+then checkpoints the model's repeated blocks and lets the script run a second step, measured
+too: what recomputing the activations saves, with the script's own loss.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,14 +47,26 @@ class Captured:
     """Bytes of optimizer state after the first step (held from the second step on)."""
     after_step: dict[str, int] = field(default_factory=dict)
     """Bytes per category held after the first step (what the second step starts with)."""
+    checkpointed: list[str] = field(default_factory=list)
+    """Names of the blocks whose activations the second step recomputed (none: one step)."""
+    checkpointed_step: dict[str, int] = field(default_factory=dict)
+    """Bytes per category at the peak of the second step, with ``checkpointed`` recomputed."""
 
 
 class Probe:
     """The hooks ``pt.Run`` calls in plan mode (see the module docstring)."""
 
-    def __init__(self, tracker: Any, run_dir: str) -> None:
+    def __init__(
+        self,
+        tracker: Any,
+        run_dir: str,
+        checkpoint: Callable[[nn.Module, RunConfig], list[str]] | None = None,
+    ) -> None:
         self.tracker = tracker  # torch.distributed._tools.mem_tracker.MemTracker
         self.run_dir = run_dir
+        self.checkpoint = checkpoint
+        """Checkpoints blocks of the model after the first step and names them (none: the plan
+        ends there); the second step, recomputing them, is measured too."""
         self.captured = Captured()
         self.settings: RunConfig | None = None
         """The script's own settings (its strategy's options: fsdp units, precision, ...)."""
@@ -120,11 +135,21 @@ class Probe:
             self.captured.before_step = categories(self.tracker, "peak")
 
     def stepped(self) -> None:
-        """After the first optimizer step: the step's peak, the optimizer's state; stop."""
+        """After the first optimizer step: the step's peak, the optimizer's state; then either
+        stop, or checkpoint the model's blocks and measure the second step too."""
+        if self.captured.checkpointed:
+            self.captured.checkpointed_step = categories(self.tracker, "peak")
+            raise PlanComplete
         self.captured.step = categories(self.tracker, "peak")
         self.captured.after_step = categories(self.tracker, "current")
         self.captured.optimizer_state = self.captured.after_step.get("Optstate", 0)
-        raise PlanComplete
+        model, settings = self.captured.model, self.settings
+        if self.checkpoint is None or model is None or settings is None:
+            raise PlanComplete
+        self.captured.checkpointed = self.checkpoint(model, settings)
+        if not self.captured.checkpointed:
+            raise PlanComplete
+        self.tracker.reset_peak()
 
 
 def categories(tracker: Any, which: str) -> dict[str, int]:

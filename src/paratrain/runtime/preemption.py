@@ -30,6 +30,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
+from types import FrameType
 from typing import Any
 
 AHEAD = 3
@@ -47,9 +48,18 @@ class Preemption:
     """The preemption signals of one process, and the ranks' agreement on when to stop."""
 
     def __init__(
-        self, signals: Iterable[str], *, grace_s: float, warn: Callable[[str], None]
+        self,
+        signals: Iterable[str],
+        *,
+        grace_s: float,
+        warn: Callable[[str], None],
+        first: Callable[[FrameType | None], None] | None = None,
     ) -> None:
         self.signals = tuple(signal.Signals[name] for name in signals)
+        self.first = first
+        """Called with the interrupted frame at a signal, before anything else; may end the
+        process (the watchdog's ``end_if_hang_named``: a job ended for a hang is no
+        preemption)."""
         self.grace_s = grace_s
         self.warn = warn
         self.received: tuple[signal.Signals, float] | None = None
@@ -80,8 +90,10 @@ class Preemption:
         if self._deadline is not None:
             self._deadline.cancel()
 
-    def _handle(self, signum: int, frame: object) -> None:
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
         sig = signal.Signals(signum)
+        if self.first is not None:
+            self.first(frame)
         if self.received is None:
             self.received = (sig, time.monotonic())
             print(

@@ -134,6 +134,7 @@ class Run(RunBase):
                 self.config.preempt_signals,
                 grace_s=self.config.preempt_grace_s,
                 warn=self.console.warn,
+                first=self._watchdog.end_if_hang_named if self._watchdog is not None else None,
             )
             if self.config.preempt_signals
             else None

@@ -8,9 +8,11 @@ Runs SCRIPT in one process on fake tensors (shapes, no memory) up to its first o
 its own model, optimizer, per-rank batch, loss, precision and accumulation. The step is measured
 by torch's MemTracker, and the strategies for N ranks are derived from it (ddp: plus DDP's
 gradient buckets; fsdp with and without reshard-after-forward: the model sharded by paratrain's
-own units over a fake process group, two steps replayed). Prints, per strategy, the peak per rank
-split into parameters, gradients, optimizer state, activations and communication buffers, and the
-strategy to use for the given memory. See docs/howto/plan.md.
+own units over a fake process group, two steps replayed; ddp and fsdp with the script's repeated
+blocks checkpointed: its second step measured with them recomputed; with a GPU memory given, fsdp
+with its state offloaded to the host). Prints, per strategy, the peak per rank split into
+parameters, gradients, optimizer state, activations and communication buffers, and the strategy
+to use for the given memory. See docs/howto/plan.md.
 """
 
 from __future__ import annotations
@@ -76,7 +78,9 @@ def plan_command(args: argparse.Namespace) -> int:
     if not Path(target[0]).is_file():
         raise ConfigError(f"No such script: {target[0]}. Give the path of the training script.")
     capacity = args.gpu_memory or (GPUS[args.gpu] * 10**9 if args.gpu else None)
-    plan = run_plan(target, args.nproc)
+    # A device memory to plan for means GPU ranks: the one-process row is `single`, and
+    # fsdp with its state in host memory (`fsdp_offload`, CUDA only) is a row too.
+    plan = run_plan(target, args.nproc, "cuda" if capacity else "cpu")
     if "error" in plan:
         raise ConfigError(
             f"`paratrain plan` could not run {target[0]} on fake tensors: {plan['error']} at "
@@ -102,12 +106,12 @@ def plan_command(args: argparse.Namespace) -> int:
     return 0 if best is not None else 1
 
 
-def run_plan(target: list[str], nproc: int) -> dict[str, Any]:
+def run_plan(target: list[str], nproc: int, accelerator: str = "cpu") -> dict[str, Any]:
     """The plan from :mod:`paratrain.commands.plan.fake_run`, in a process of its own."""
     with tempfile.TemporaryDirectory(prefix="paratrain-plan-") as folder:
         out = Path(folder) / "plan.json"
         command = [sys.executable, "-m", "paratrain.commands.plan.fake_run", "--out", str(out),
-                   "--nproc", str(nproc), "--", *target]  # fmt: skip
+                   "--nproc", str(nproc), "--accelerator", accelerator, "--", *target]  # fmt: skip
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         done = subprocess.run(command, env=env, capture_output=True, text=True)
         if not out.exists():

@@ -1,6 +1,7 @@
 """Run a training script on fake tensors up to its first optimizer step, and write its plan.
 
-    python -m paratrain.commands.plan.fake_run --out plan.json --nproc 4 -- train.py --lr 3e-4
+    python -m paratrain.commands.plan.fake_run --out plan.json --nproc 4 [--accelerator cuda] \\
+        -- train.py --lr 3e-4
 
 What ``paratrain plan`` runs, one process. Tensors the script makes are fake (shapes and dtypes,
 no memory), so a model of any size costs nothing. The data loader's indices and seeds are drawn
@@ -25,7 +26,7 @@ from typing import Any
 import torch
 import torch.utils.data.dataloader as dataloader
 
-from paratrain.commands.plan.memory import plans, step_tracker
+from paratrain.commands.plan.memory import checkpoint_second_step, plans, step_tracker
 from paratrain.config import RunConfig
 from paratrain.runtime import plan_probe as probe
 
@@ -83,9 +84,9 @@ def _script_line(error: BaseException, script: Path) -> str:
     return f"{script.name}:{frame.lineno}: {(frame.line or '').strip()}"
 
 
-def plan_script(target: list[str], nproc: int) -> dict[str, Any]:
+def plan_script(target: list[str], nproc: int, accelerator: str = "cpu") -> dict[str, Any]:
     """The plan of the script ``target[0]`` run with arguments ``target[1:]`` (see the module
-    docstring)."""
+    docstring), for ranks on ``accelerator`` (``cuda``: a row for ``fsdp_offload`` too)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     script = Path(target[0]).resolve()
@@ -94,7 +95,7 @@ def plan_script(target: list[str], nproc: int) -> dict[str, Any]:
     _values_read_as_placeholders()
     tracker = step_tracker()
     with tempfile.TemporaryDirectory(prefix="paratrain-plan-") as run_dir:
-        probe.ACTIVE = active = probe.Probe(tracker, run_dir)
+        probe.ACTIVE = active = probe.Probe(tracker, run_dir, checkpoint_second_step)
         sys.argv = [str(script), *target[1:]]
         sys.path.insert(0, str(script.parent))
         fake = FakeTensorMode(allow_non_fake_inputs=True)
@@ -110,11 +111,13 @@ def plan_script(target: list[str], nproc: int) -> dict[str, Any]:
                     "error": f"{type(error).__name__}: {first}",
                     "where": _script_line(error, script),
                 }
-            else:
-                return {"error": "the script ended before its first optimizer step (run.step)"}
+            else:  # the script ended: fine after its first step (no second one to measure)
+                if not active.captured.step:
+                    return {"error": "the script ended before its first optimizer step (run.step)"}
+                active.captured.checkpointed = []
             captured = active.captured
             config = active.settings or RunConfig()
-            rows = plans(captured, world=nproc, config=config, accelerator="cpu")
+            rows = plans(captured, world=nproc, config=config, accelerator=accelerator)
     params = sum(p.numel() for p in captured.model.parameters()) if captured.model else 0
     return {
         "script": str(script),
@@ -129,11 +132,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m paratrain.commands.plan.fake_run")
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--nproc", required=True, type=int)
+    parser.add_argument("--accelerator", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("target", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     target = args.target[1:] if args.target[:1] == ["--"] else args.target
     torch.set_num_threads(1)
-    result = plan_script(target, args.nproc)
+    result = plan_script(target, args.nproc, args.accelerator)
     args.out.write_text(json.dumps(result, indent=2))
     return 0
 

@@ -31,6 +31,7 @@ from torch.optim import Optimizer
 from torch.utils._pytree import tree_flatten
 
 from paratrain.config import RunConfig
+from paratrain.plans.activation_checkpointing import apply_activation_checkpointing
 from paratrain.runtime.plan_probe import Captured, categories
 
 FIELDS = ("parameters", "gradients", "optimizer", "activations", "communication")
@@ -109,6 +110,11 @@ def step_tracker() -> Any:
 
         def _post_bw_hook(self, module: nn.Module, args: Any) -> None:
             pass
+
+        def reset_peak(self) -> None:
+            """Start a new peak from what is held now (as entering the tracker does)."""
+            self._peak_mem_snap = self.get_tracker_snapshot()
+            self._peak_mem = {dev: snap["Total"] for dev, snap in self._peak_mem_snap.items()}
 
     return StepTracker()
 
@@ -202,8 +208,12 @@ def plans(
     ddp.why = "every rank holds the whole model, its gradients, optimizer state and DDP's buckets"
     rows.append(ddp)
     make_optimizer = optimizer_like(captured.optimizers[0])
-    accum = config.grad_accum
-    baseline = replay(model, make_optimizer, captured.inputs, grad_accum=accum)
+    restore_classes()
+
+    def replayed(on: nn.Module) -> Breakdown:
+        return replay(on, make_optimizer, captured.inputs, grad_accum=config.grad_accum)
+
+    baseline = replayed(model)
     # What the script's loss (and anything else of its step) holds beyond the replay's sum.
     extra = single.total - baseline.total
     # Collectives that complete in order free their buffers at once; on a real group one unit's
@@ -216,13 +226,100 @@ def plans(
         sharded = _sharded(
             model, world, dataclasses.replace(config, fsdp_reshard_after_forward=reshard)
         )
-        row = replay(sharded, make_optimizer, captured.inputs, grad_accum=accum)
+        row = replayed(sharded)
         row.strategy, row.why = name, why
         row.activations += extra
         row.communication += in_flight
         rows.append(row)
         model = sharded  # sharded once; the second variant only changes when units reshard
+    if captured.checkpointed_step:
+        # What checkpointing the blocks saved in the script's second step, in one process (the
+        # same on a rank under any sharding).
+        saved = max(single.total - Breakdown.of("", captured.checkpointed_step).total, 0)
+        recomputed = f"{len(captured.checkpointed)} blocks' activations recomputed in backward"
+        for row, name in ((rows[0], "ddp + AC"), (rows[1], "fsdp + AC")):
+            rows.append(
+                dataclasses.replace(
+                    row,
+                    strategy=name,
+                    activations=max(row.activations - saved, 0),
+                    why=f"as {row.strategy}, {recomputed} (about a third more compute)",
+                )
+            )
+    if accelerator == "cuda":
+        rows.append(offloaded(rows[1], grads // world))
     return rows
+
+
+def checkpoint_second_step(model: nn.Module, config: RunConfig) -> list[str]:
+    """The probe's ``checkpoint``: unless the script checkpoints already, checkpoint the
+    :func:`checkpoint_blocks` of ``model`` for its second step; their names. :func:`plans` gives
+    them their own classes back before it replays the model."""
+    if config.activation_checkpointing:
+        return []
+    blocks = checkpoint_blocks(model, config)
+    chosen = [m for name, m in model.named_modules() if name in set(blocks)]
+    _ORIGINAL_CLASSES.update({id(m): (m, type(m)) for m in chosen})
+    apply_activation_checkpointing(model, lambda m: any(m is c for c in chosen))
+    return blocks
+
+
+_ORIGINAL_CLASSES: dict[int, tuple[nn.Module, type[nn.Module]]] = {}
+
+
+def restore_classes() -> None:
+    """Undo :func:`checkpoint_second_step` (the replays run the model as the script built it)."""
+    for module, cls in _ORIGINAL_CLASSES.values():
+        module.__class__ = cls
+    _ORIGINAL_CLASSES.clear()
+
+
+def offloaded(fsdp: Breakdown, shard: int) -> Breakdown:
+    """``fsdp_offload`` (CUDA): the fsdp row with each rank's parameter shard, gradient shard
+    (``shard`` bytes each) and optimizer state held in host memory; on the device remain the
+    units gathered to run, the activations and the collectives' buffers."""
+    host = 2 * shard + fsdp.optimizer
+    return dataclasses.replace(
+        fsdp,
+        strategy="fsdp, offload",
+        parameters=max(fsdp.parameters - shard, 0),
+        gradients=max(fsdp.gradients - shard, 0),
+        optimizer=0,
+        why=(
+            f"as fsdp, with the state shard ({host / 2**30:.2f} GiB per rank) in host memory; "
+            "the optimizer steps on the CPU"
+        ),
+    )
+
+
+def checkpoint_blocks(model: nn.Module, config: RunConfig) -> list[str]:
+    """Names of the submodules the plan's activation-checkpointing rows recompute: the script's
+    fsdp units, else its repeated blocks (the class with two or more instances, each holding
+    parameters and submodules, that holds the most parameters; the outermost of each)."""
+    from paratrain.plans.module_policy import selected
+
+    names = {id(m): name for name, m in model.named_modules()}
+    if config.fsdp_wrap:
+        return [names[id(m)] for m in selected(model, config.fsdp_wrap) if id(m) in names]
+    held: dict[type[nn.Module], list[nn.Module]] = {}
+    for module in model.modules():
+        composite = next(module.children(), None) is not None
+        if module is not model and composite and next(module.parameters(), None) is not None:
+            held.setdefault(type(module), []).append(module)
+    repeated = {cls: found for cls, found in held.items() if len(found) >= 2}
+    if not repeated:
+        return []
+
+    def weight(found: list[nn.Module]) -> int:
+        return sum(p.numel() for m in found for p in m.parameters())
+
+    def depth(found: list[nn.Module]) -> int:
+        return min(str(names[id(m)]).count(".") for m in found)
+
+    # The heaviest class; of two as heavy (a block and the one submodule it wraps), the outer.
+    found = max(repeated.values(), key=lambda found: (weight(found), -depth(found)))
+    inner = {id(sub) for m in found for sub in m.modules() if sub is not m}
+    return [names[id(m)] for m in found if id(m) not in inner]
 
 
 def _sharded(model: nn.Module, world: int, config: RunConfig) -> nn.Module:
@@ -248,11 +345,13 @@ def _sharded(model: nn.Module, world: int, config: RunConfig) -> nn.Module:
 
 def recommend(rows: list[Breakdown], capacity: int | None) -> tuple[Breakdown | None, str]:
     """The strategy to use and why: the first that fits ``capacity`` bytes in the order ddp
-    (fastest: no gathers), fsdp without reshard, fsdp; without a capacity, the smallest."""
+    (fastest: no gathers), fsdp without reshard, fsdp, then with activations recomputed (ddp,
+    fsdp), then fsdp with its state in host memory; without a capacity, the smallest."""
     if capacity is None:
         best = min(rows, key=lambda r: r.total)
         return best, f"{best.strategy} has the smallest peak per rank"
-    order = {"cpu": 0, "single": 0, "ddp": 1, "fsdp, no reshard": 2, "fsdp": 3}
+    order = {"cpu": 0, "single": 0, "ddp": 1, "fsdp, no reshard": 2, "fsdp": 3, "ddp + AC": 4,
+             "fsdp + AC": 5, "fsdp, offload": 6}  # fmt: skip
     fitting = sorted(
         (r for r in rows if r.total <= capacity), key=lambda r: order.get(r.strategy, 9)
     )
@@ -260,7 +359,8 @@ def recommend(rows: list[Breakdown], capacity: int | None) -> tuple[Breakdown | 
         best = fitting[0]
         return best, (
             f"{best.strategy} fits ({best.total / 2**30:.2f} of {capacity / 2**30:.2f} GiB) and "
-            "gathers least among those that fit"
+            "is the fastest of those that fit (no gathers before gathers, no recompute before "
+            "recompute, host offload last)"
         )
     smallest = min(rows, key=lambda r: r.total)
     share = smallest.activations / max(smallest.total, 1)
