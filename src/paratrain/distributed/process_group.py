@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
@@ -117,3 +118,20 @@ def destroy_process_group(created: bool) -> None:
         # straight on to free a DDP reducer (whose process-group destructor joins those
         # threads while holding the GIL), both would wait forever. Yield the GIL briefly.
         time.sleep(0.05)
+
+
+def dump_flight_recorder(directory: Path, rank: int) -> Path | None:
+    """With nccl, write torch's flight-recorder trace of this rank (its last collectives and
+    their state, a pickle read by ``python -m torch.distributed.flight_recorder.fr_trace``) to
+    ``directory/nccl_trace_rank_<rank>``, as a timeout would; the path, or None without nccl or
+    where this torch has no recorder."""
+    if not dist.is_available() or not dist.is_initialized() or dist.get_backend() != "nccl":
+        return None
+    import torch._C._distributed_c10d as c10d
+
+    dump = getattr(c10d, "_dump_nccl_trace", None)
+    if dump is None:
+        return None
+    path = directory / f"nccl_trace_rank_{rank}"
+    path.write_bytes(dump())
+    return path

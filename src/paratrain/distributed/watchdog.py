@@ -20,6 +20,7 @@ at the lowest step, each with the call it waits in::
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import importlib.util
 import json
@@ -258,6 +259,12 @@ class Watchdog:
         if cause is None:
             return False
         self.directory.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(Exception):  # the diagnosis stands without the trace
+            from paratrain.distributed.process_group import dump_flight_recorder
+
+            trace = dump_flight_recorder(self.directory, self.rank)
+            if trace is not None:
+                cause["nccl_trace"] = str(trace)
         (self.directory / "diagnosis.json").write_text(json.dumps(cause))
         print(
             f"paratrain: rank {self.rank}: hang after {idle:.0f}s without progress: "
