@@ -66,7 +66,15 @@ def test_verify_exit_codes(files: dict[str, Path], capsys: pytest.CaptureFixture
 
 @pytest.mark.parametrize(
     "chain",
-    [["pt"], ["safetensors"], ["dcp"], ["dcp", "pt"], ["safetensors", "dcp", "safetensors"]],
+    [
+        ["pt"],
+        ["safetensors"],
+        ["dcp"],
+        ["hf"],
+        ["dcp", "pt"],
+        ["safetensors", "dcp", "safetensors"],
+        ["hf", "dcp", "hf"],
+    ],
 )
 def test_convert_round_trips(
     files: dict[str, Path], chain: list[str], capsys: pytest.CaptureFixture[str]

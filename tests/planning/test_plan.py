@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from paratrain.commands.plan.command import memory_size
+from paratrain.commands.cli_types import memory_size
 
 TRAIN = """
 import torch, torch.nn as nn, torch.nn.functional as F

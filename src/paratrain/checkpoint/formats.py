@@ -15,13 +15,15 @@ import struct
 import zipfile
 import zlib
 
-FORMATS = ("pt", "safetensors", "dcp")
-"""Targets of ``paratrain ckpt convert --to``."""
+FORMATS = ("pt", "safetensors", "dcp", "hf")
+"""Targets of ``paratrain ckpt convert --to`` (``hf``: a folder of size-capped safetensors shards
+and ``model.safetensors.index.json``, as Hugging Face's ``save_pretrained`` writes)."""
 
 ACCEPTED = (
     "paratrain reads torch.save files (.pt/.pth/.bin/.ckpt, zip or legacy pickle; plain, nested "
     "or Lightning state dicts), .safetensors files, and paratrain, DCP "
-    "(torch.distributed.checkpoint) or Accelerate checkpoint folders."
+    "(torch.distributed.checkpoint), Accelerate or Hugging Face (sharded safetensors with "
+    "model.safetensors.index.json) checkpoint folders."
 )
 """What a path given to a reader may be; ends every "this is not a checkpoint" message."""
 

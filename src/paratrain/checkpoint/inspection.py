@@ -3,6 +3,7 @@
     inspect("runs/exp/checkpoints")          # the run's checkpoints and which are valid
     verify("model.pt")                       # (True, ["ok: ..."]) or (False, [problems])
     convert("old_dp.pth", "model.safetensors", to="safetensors")
+    convert("runs/exp/checkpoints/step-100", "hf-out", to="hf", rename=Path("names.json"))
     diff("a.pt", "b.safetensors")
     verify("s3://bucket/run1")               # URLs too: downloaded, one checkpoint at a time
 
@@ -25,6 +26,12 @@ import torch
 from paratrain.checkpoint.backends import fetched, open_storage
 from paratrain.checkpoint.durable_writes import atomic_replace, atomic_torch_save
 from paratrain.checkpoint.formats import FORMATS, describe
+from paratrain.checkpoint.hf_folder import (
+    DEFAULT_SHARD_BYTES,
+    key_mapping,
+    renamed,
+    write_hf_folder,
+)
 from paratrain.checkpoint.loading import (
     WRAPPER_PARTS,
     read_state_dict,
@@ -219,8 +226,19 @@ def verify(path: str | Path) -> tuple[bool, list[str]]:
     return True, [f"ok: {path} ({fmt}, {len(state)} tensors read in full)"]
 
 
-def convert(src: str | Path, dst: str | Path, *, to: str, trust: bool = False) -> dict[str, Any]:
-    """Rewrite ``src`` as ``to`` at ``dst``, keys without wrapper prefixes; never overwrites."""
+def convert(
+    src: str | Path,
+    dst: str | Path,
+    *,
+    to: str,
+    trust: bool = False,
+    rename: Path | None = None,
+    max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+) -> dict[str, Any]:
+    """Rewrite ``src`` as ``to`` at ``dst``, keys without wrapper prefixes (then through the
+    ``rename`` mapping file, see :func:`~paratrain.checkpoint.hf_folder.key_mapping`); ``hf``
+    shards hold at most ``max_shard_bytes`` each. Never overwrites; nothing is left at ``dst``
+    on an error."""
     require_bool("trust", trust)
     if to not in FORMATS:
         raise CheckpointError(f"Unknown target format {to!r}. Available: {', '.join(FORMATS)}.")
@@ -238,7 +256,9 @@ def convert(src: str | Path, dst: str | Path, *, to: str, trust: bool = False) -
             f"{src}: stripping wrapper prefixes would merge keys; convert "
             "it with the prefixes kept by loading it into its model first."
         )
-    _write(clean, dst, to, src)
+    if rename is not None:
+        clean = renamed(clean, key_mapping(rename), str(src))
+    _write(clean, dst, to, src, max_shard_bytes)
     return {
         "from": fmt,
         "to": to,
@@ -248,7 +268,9 @@ def convert(src: str | Path, dst: str | Path, *, to: str, trust: bool = False) -
     }
 
 
-def _write(state: dict[str, torch.Tensor], dst: Path, to: str, src: str | Path) -> None:
+def _write(
+    state: dict[str, torch.Tensor], dst: Path, to: str, src: str | Path, max_shard_bytes: int
+) -> None:
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.filesystem import FileSystemWriter
     from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
@@ -258,6 +280,14 @@ def _write(state: dict[str, torch.Tensor], dst: Path, to: str, src: str | Path) 
             atomic_torch_save(state, dst)
         elif to == "safetensors":
             _write_safetensors(state, dst, src)
+        elif to == "hf":
+            try:
+                write_hf_folder(state, dst, max_shard_bytes=max_shard_bytes)
+            except CheckpointError as err:  # a dtype safetensors cannot hold
+                raise CheckpointError(
+                    f"{src} cannot be written as safetensors shards: {err} Or convert it with "
+                    "--to pt or --to dcp. Nothing was written."
+                ) from None
         else:
             with warnings.catch_warnings():  # "assuming ... a single process": that is the intent
                 warnings.simplefilter("ignore", UserWarning)

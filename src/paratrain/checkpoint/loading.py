@@ -31,6 +31,7 @@ from torch.nn.parallel import DistributedDataParallel
 from paratrain.checkpoint.backends import fetched
 from paratrain.checkpoint.dcp_io import read_dcp_tensors
 from paratrain.checkpoint.formats import ACCEPTED
+from paratrain.checkpoint.hf_folder import is_hf_folder, read_hf_folder
 from paratrain.checkpoint.manifest import MANIFEST, Manifest
 from paratrain.checkpoint.object_storage import is_url
 from paratrain.checkpoint.weight_files import (
@@ -206,6 +207,8 @@ def _read_dir(path: Path, map_location: MapLocation, trust: bool) -> tuple[dict[
         return move_to(state, map_location), "paratrain (sharded)"
     if (path / ".metadata").is_file():
         return move_to(read_dcp_tensors(path, prefix=""), map_location), "dcp"
+    if is_hf_folder(path):
+        return move_to(read_hf_folder(path), map_location), "hf folder"
     for name in ACCELERATE_FILES:
         if (path / name).is_file():
             state, _ = read_weights_file(path / name, map_location, trust=trust)

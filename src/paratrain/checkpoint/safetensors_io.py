@@ -162,3 +162,45 @@ def safetensors_entries(
     except (ValueError, KeyError, TypeError, RuntimeError) as err:
         raise CheckpointError(f"{name} is not a readable safetensors file ({err})") from None
     return out
+
+
+def tied_names(state: Mapping[str, torch.Tensor]) -> dict[str, str]:
+    """Each name of ``state`` whose tensor is one met before under another name (the same
+    storage, offset, shape, strides and dtype: tied weights), mapped to that first name."""
+    return untie(state)[1]
+
+
+def tie(state: dict[str, torch.Tensor], tied: Mapping[str, str]) -> None:
+    """Make each name of ``tied`` the very tensor of the name it maps to again (in place), when
+    both are in ``state`` with one shape and dtype, or only the kept one is."""
+    for alias, kept in tied.items():
+        if kept not in state:
+            continue
+        other = state.get(alias)
+        if other is None or (other.shape == state[kept].shape and other.dtype == state[kept].dtype):
+            state[alias] = state[kept]
+
+
+def untie(state: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The tensors with each storage once (under its first name), and the dropped names mapped
+    to the kept ones."""
+    first: dict[tuple[object, ...], str] = {}
+    kept: dict[str, torch.Tensor] = {}
+    tied: dict[str, str] = {}
+    for key, tensor in state.items():
+        if tensor.numel() == 0:
+            kept[key] = tensor
+            continue
+        view = (
+            tensor.untyped_storage().data_ptr(),
+            tensor.storage_offset(),
+            tuple(tensor.shape),
+            tuple(tensor.stride()),
+            tensor.dtype,
+        )
+        if view in first:
+            tied[key] = first[view]
+        else:
+            first[view] = key
+            kept[key] = tensor
+    return kept, tied

@@ -56,6 +56,7 @@ from paratrain.checkpoint.manifest import (
 from paratrain.checkpoint.restore import Staged, read_checkpoint, stems
 from paratrain.checkpoint.safetensors_io import (
     safetensors_chunks,
+    tied_names,
 )
 from paratrain.checkpoint.state import flatten_optimizer
 from paratrain.checkpoint.verified_reads import (
@@ -344,7 +345,10 @@ class CheckpointStore:
         metas: dict[str, Any] = {}
         for name, (model_sd, optim_sd) in states.items():
             model_stem, optim_stem = stems(name)
-            files[f"{model_stem}.safetensors"] = safetensors_chunks(model_sd)
+            tied = tied_names(model_sd)  # tied weights (written twice) named, to tie again
+            files[f"{model_stem}.safetensors"] = safetensors_chunks(
+                model_sd, {"tied": json.dumps(tied)} if tied else None
+            )
             tensors, metas[name] = flatten_optimizer(optim_sd)
             files[f"{optim_stem}.safetensors"] = safetensors_chunks(tensors)
         trainer = {**request.trainer, "rng": rng, "optimizer_meta": metas}

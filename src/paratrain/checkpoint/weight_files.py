@@ -11,6 +11,7 @@ what is accepted. Parser errors are caught only around the parser calls themselv
 
 from __future__ import annotations
 
+import json
 import pickle
 import re
 import zipfile
@@ -18,11 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 from torch import nn
 
 from paratrain.checkpoint.formats import ACCEPTED, MALFORMED, describe
+from paratrain.checkpoint.safetensors_io import tie
 from paratrain.errors import CheckpointError
 
 NESTED_KEYS = ("state_dict", "model_state_dict", "model", "module", "net", "weights")
@@ -64,12 +66,27 @@ def read_safetensors(path: Path, map_location: MapLocation) -> dict[str, torch.T
     """The tensors of a safetensors file; CheckpointError if it is not a readable one."""
     try:
         state = load_file(str(path))
+        with safe_open(str(path), "pt") as opened:
+            metadata = opened.metadata() or {}
     except (SafetensorError, *MALFORMED) as err:
         raise CheckpointError(
             f"{path} is not a readable safetensors file ({describe(err)}): it is damaged, "
             f"truncated or not safetensors at all. Use another copy. {ACCEPTED}"
         ) from None
+    tie(state, _tied_metadata(metadata))
     return move_to(state, map_location)
+
+
+def _tied_metadata(metadata: dict[str, str]) -> dict[str, str]:
+    """The tied names a paratrain checkpoint's ``model.safetensors`` records in its header
+    (``{"tied": "{\"head.weight\": \"tok.weight\"}"}``); {} when none or unreadable."""
+    try:
+        tied = json.loads(metadata.get("tied", "{}"))
+    except json.JSONDecodeError:
+        return {}
+    if not isinstance(tied, dict):
+        return {}
+    return {k: v for k, v in tied.items() if isinstance(k, str) and isinstance(v, str)}
 
 
 def _check_zip(path: Path, size: int) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from collections.abc import Callable
 
 
@@ -94,3 +95,17 @@ def int_list(text: str) -> list[int]:
     if any(not p.strip() for p in parts):
         raise argparse.ArgumentTypeError(f"{text!r} has an empty entry; write e.g. 1,2,4")
     return [positive_int(p.strip()) for p in parts]
+
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}  # fmt: skip
+
+
+def memory_size(text: str) -> int:
+    """``80GiB``, ``24GB``, ``512MiB``, ``1e9`` -> bytes (argparse type)."""
+    found = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([KMGT]?i?B?)\s*", text, re.I)
+    if not found or found.group(2).upper() not in _UNITS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a memory size: write it as 80GiB, 24GB or 512MiB"
+        )
+    return int(float(found.group(1)) * _UNITS[found.group(2).upper()])

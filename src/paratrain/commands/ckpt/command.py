@@ -3,6 +3,7 @@
 paratrain ckpt inspect runs/exp/checkpoints/step-00000300
 paratrain ckpt verify runs/exp/checkpoints          # exit 1 when nothing valid is there
 paratrain ckpt convert old_dp.pth model.safetensors --to safetensors
+paratrain ckpt convert runs/exp/checkpoints/step-00000300 hf-out --to hf --max-shard-size 2GB
 paratrain ckpt diff a.pt b.safetensors              # exit 1 when they differ
 paratrain ckpt diff a.pt b.pt | head -1             # a closed pipe ends the output quietly
 paratrain ckpt verify s3://bucket/run1              # URLs (any fsspec protocol) for the inputs
@@ -23,6 +24,8 @@ from typing import Any
 
 from paratrain.checkpoint.formats import FORMATS
 from paratrain.checkpoint.object_storage import is_url
+from paratrain.commands.cli_types import memory_size
+from paratrain.errors import CheckpointError
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -41,7 +44,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p = _action(actions, "verify", "check checksums / read everything; exit 1 if bad")
     p.add_argument("path", type=location, metavar="PATH", help=PATH_HELP)
     p.set_defaults(handler=_verify)
-    p = _action(actions, "convert", "rewrite as pt, safetensors or dcp, prefixes removed")
+    p = _action(
+        actions, "convert", "rewrite as pt, safetensors, dcp or an hf folder, prefixes removed"
+    )
     p.add_argument(
         "src", type=location, metavar="SRC", help="the checkpoint or weights file to read"
     )
@@ -49,6 +54,20 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "dst", type=location, metavar="DST", help="where to write (a file, or a folder for dcp)"
     )
     p.add_argument("--to", required=True, choices=FORMATS, help="the format to write")
+    p.add_argument(
+        "--map",
+        type=location,
+        metavar="FILE",
+        help="rename tensors: a JSON object of names or prefixes (ending in '.') to new ones "
+        "(null drops), or a .py file defining rename(key) -> str | None",
+    )
+    p.add_argument(
+        "--max-shard-size",
+        type=memory_size,
+        default=5 * 10**9,
+        metavar="SIZE",
+        help="--to hf: the largest shard (default 5GB, as save_pretrained)",
+    )
     p.add_argument("--trust", action="store_true", help=TRUST_HELP)
     p.set_defaults(handler=_convert)
     p = _action(actions, "diff", "compare two checkpoints' tensors; exit 1 if different")
@@ -182,7 +201,17 @@ def _verify(args: argparse.Namespace) -> int:
 def _convert(args: argparse.Namespace) -> int:
     from paratrain.checkpoint import inspection
 
-    result = inspection.convert(args.src, args.dst, to=args.to, trust=args.trust)
+    mapping = Path(args.map) if args.map is not None else None
+    if mapping is not None and not mapping.is_file():
+        raise CheckpointError(f"--map {args.map}: no such file. Give a .json or .py mapping file.")
+    result = inspection.convert(
+        args.src,
+        args.dst,
+        to=args.to,
+        trust=args.trust,
+        rename=mapping,
+        max_shard_bytes=args.max_shard_size,
+    )
     line = (
         f"wrote {result['path']} ({result['to']}, {result['tensors']} tensors, from "
         f"{result['from']}; {result['stripped']} keys lost a wrapper prefix)"

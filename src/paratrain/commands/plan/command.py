@@ -20,31 +20,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from paratrain.commands.cli_types import positive_int
+from paratrain.commands.cli_types import memory_size, positive_int
 from paratrain.errors import ConfigError
 
 GPUS = {"H200": 141, "H100": 80, "A100": 80, "A100-40GB": 40, "L40S": 48, "A10G": 24, "L4": 24}
 """Memory of well-known cards, in GB as sold (``--gpu``); ``--gpu-memory`` for any other."""
-
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}  # fmt: skip
-
-
-def memory_size(text: str) -> int:
-    """``80GiB``, ``24GB``, ``512MiB``, ``1e9`` -> bytes (argparse type)."""
-    found = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([KMGT]?i?B?)\s*", text, re.I)
-    if not found or found.group(2).upper() not in _UNITS:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a memory size: write it as 80GiB, 24GB or 512MiB"
-        )
-    return int(float(found.group(1)) * _UNITS[found.group(2).upper()])
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

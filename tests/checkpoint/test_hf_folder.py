@@ -1,0 +1,209 @@
+"""``paratrain ckpt convert --to hf``: a folder of size-capped safetensors shards and its index,
+read back bit for bit, loadable with ``safetensors`` alone; bad folders and mappings refused
+with nothing written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+import paratrain as pt
+from paratrain.commands.cli import main
+
+
+class GPT(nn.Module):
+    """A GPT-shaped model with tied input and output embeddings, written here."""
+
+    def __init__(self, vocab: int = 96, d: int = 32, depth: int = 3) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.pos = nn.Parameter(torch.zeros(16, d))
+        layer = nn.TransformerEncoderLayer(d, 4, 4 * d, dropout=0.0, batch_first=True)
+        self.blocks = nn.TransformerEncoder(layer, depth, enable_nested_tensor=False)
+        self.ln = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.tok.weight
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.tok(idx) + self.pos[: idx.shape[1]]
+        return self.head(self.ln(self.blocks(x)))  # type: ignore[no-any-return]
+
+
+def _cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    try:
+        code = main(["ckpt", *args])
+    except SystemExit as exit_info:
+        code = int(exit_info.code or 0)
+    out = capsys.readouterr()
+    return code, out.out, " ".join(out.err.split())
+
+
+@pytest.fixture
+def trained(tmp_path: Path) -> tuple[GPT, Path]:
+    """A GPT trained three steps by paratrain, and its checkpoint folder."""
+    torch.manual_seed(0)
+    model = GPT()
+    tokens = torch.randint(0, 96, (24, 17))
+    data = torch.utils.data.TensorDataset(tokens[:, :-1], tokens[:, 1:])
+    with pt.Run(strategy="cpu", ckpt_dir=tmp_path / "ckpts", progress=False, seed=0) as run:
+        wrapped, optimizer = run.setup(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+        for x, y in run.loader(data, batch_size=8):
+            run.backward(nn.functional.cross_entropy(wrapped(x).flatten(0, 1), y.flatten()))
+            run.step(optimizer)
+        folder = run.save()
+    assert folder is not None
+    return model, folder
+
+
+def test_a_trained_model_loads_from_the_folder_with_safetensors_alone(
+    trained: tuple[GPT, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model, folder = trained
+    out = tmp_path / "hf"
+    code, _said, err = _cli(
+        ["convert", str(folder), str(out), "--to", "hf", "--max-shard-size", "20KB"], capsys
+    )
+    assert code == 0, err
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    shards = sorted(p.name for p in out.glob("*.safetensors"))
+    assert len(shards) > 2 and set(index["weight_map"].values()) == set(shards)
+    assert shards[0] == f"model-00001-of-{len(shards):05d}.safetensors"
+    # The tied output layer is written once, under the embedding's name.
+    assert index["metadata"]["tied"] == {"head.weight": "tok.weight"}
+    assert "head.weight" not in index["weight_map"]
+    unique = {id(p): p for p in model.state_dict(keep_vars=True).values()}.values()
+    assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in unique)
+    for shard in shards:  # each under the cap, or a single tensor larger than it
+        held = load_file(str(out / shard))
+        assert len(held) == 1 or sum(t.numel() * t.element_size() for t in held.values()) <= 20_000
+    # What a plain reader does: every shard with safetensors, into a model built by hand.
+    state: dict[str, torch.Tensor] = {}
+    for shard in shards:
+        state.update(load_file(str(out / shard)))
+    plain = GPT()
+    result = plain.load_state_dict(state, strict=False)
+    assert result.missing_keys == ["head.weight"] and not result.unexpected_keys
+    assert plain.head.weight is plain.tok.weight
+    idx = torch.randint(0, 96, (2, 16))
+    model.eval(), plain.eval()
+    assert torch.equal(model(idx), plain(idx))
+
+
+def test_round_trips_are_bit_exact_and_shards_deterministic(
+    trained: tuple[GPT, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, folder = trained
+    steps = [(folder, tmp_path / "a", "hf"), (tmp_path / "a", tmp_path / "b.pt", "pt"),
+             (tmp_path / "b.pt", tmp_path / "c", "hf")]  # fmt: skip
+    for src, dst, fmt in steps:
+        args = ["convert", str(src), str(dst), "--to", fmt]
+        assert _cli([*args, "--max-shard-size", "30KB"] if fmt == "hf" else args, capsys)[0] == 0
+    code, out, _ = _cli(["diff", str(folder), str(tmp_path / "c"), "--json"], capsys)
+    assert code == 0 and json.loads(out)["identical"]
+    for shard in (tmp_path / "a").iterdir():  # the same tensors give the same bytes
+        assert shard.read_bytes() == (tmp_path / "c" / shard.name).read_bytes()
+
+
+def _hf_folder(path: Path) -> dict[str, torch.Tensor]:
+    """A folder as ``save_pretrained`` writes it (shards saved by the safetensors library)."""
+    path.mkdir()
+    state = {f"layer.{i}.weight": torch.randn(8, 8) for i in range(4)}
+    names = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    save_file({k: state[k] for k in list(state)[:2]}, str(path / names[0]))
+    save_file({k: state[k] for k in list(state)[2:]}, str(path / names[1]))
+    weight_map = {k: names[i // 2] for i, k in enumerate(state)}
+    index = {"metadata": {"total_size": 4 * 256}, "weight_map": weight_map}
+    (path / "model.safetensors.index.json").write_text(json.dumps(index))
+    return state
+
+
+def test_a_hugging_face_folder_is_read_and_mapped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = _hf_folder(tmp_path / "in")
+    mapping = tmp_path / "names.json"
+    mapping.write_text(json.dumps({"layer.": "blocks.", "layer.3.weight": None}))
+    code, _, err = _cli(
+        ["convert", str(tmp_path / "in"), str(tmp_path / "out.pt"), "--to", "pt", "--map",
+         str(mapping)], capsys,
+    )  # fmt: skip
+    assert code == 0, err
+    out = torch.load(tmp_path / "out.pt")
+    assert sorted(out) == ["blocks.0.weight", "blocks.1.weight", "blocks.2.weight"]
+    assert all(torch.equal(out[f"blocks.{i}.weight"], state[f"layer.{i}.weight"]) for i in range(3))
+    rename = tmp_path / "names.py"
+    rename.write_text("def rename(key):\n    return key.replace('layer.', 'h.')\n")
+    code, _, err = _cli(
+        ["convert", str(tmp_path / "in"), str(tmp_path / "h"), "--to", "hf", "--map",
+         str(rename)], capsys,
+    )  # fmt: skip
+    assert code == 0, err
+    assert sorted(load_file(str(tmp_path / "h" / "model.safetensors"))) == [
+        f"h.{i}.weight" for i in range(4)
+    ]
+
+
+def _damage(folder: Path, how: str) -> str:
+    """Break ``folder`` as ``how`` says; return what the error must name."""
+    first, second = sorted(folder.glob("*.safetensors"))
+    if how == "missing shard":
+        second.unlink()
+        return f"names 1 shard(s) the folder does not have: {second.name}"
+    if how == "truncated shard":
+        first.write_bytes(first.read_bytes()[:-100])
+        return "is not a readable safetensors file"
+    if how == "duplicate keys":
+        save_file({"layer.0.weight": torch.zeros(8, 8), "layer.2.weight": torch.zeros(8, 8),
+                   "layer.3.weight": torch.zeros(8, 8)}, str(second))  # fmt: skip
+        return "'layer.0.weight' is in two shards"
+    if how == "index from another save":
+        save_file({"layer.2.weight": torch.zeros(8, 8)}, str(second))
+        return "places 1 tensor(s) in model-00002-of-00002.safetensors that it does not hold"
+    (folder / "model.safetensors.index.json").write_text("{not json")
+    return "is not a readable index"
+
+
+@pytest.mark.parametrize(
+    "how",
+    ["missing shard", "truncated shard", "duplicate keys", "index from another save", "bad index"],
+)
+def test_a_damaged_folder_is_one_paragraph_and_nothing_is_written(
+    how: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _hf_folder(tmp_path / "in")
+    named = _damage(tmp_path / "in", how)
+    for fmt, out in (("pt", tmp_path / "out.pt"), ("hf", tmp_path / "out")):
+        code, said, err = _cli(["convert", str(tmp_path / "in"), str(out), "--to", fmt], capsys)
+        assert code == 2 and named in err and "Traceback" not in err, err
+        assert not out.exists() and not said
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]  # no half-written folder left
+
+
+def test_bad_mappings_and_dtypes_write_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _hf_folder(tmp_path / "in")
+    cases = {
+        '{"layer.0.": "a."}': "leaves 3 tensor(s) of",
+        '{"layer.0.weight": "w", "layer.1.weight": "w", "layer.": "h."}': "the same name",
+        "[1, 2]": "must be one JSON object",
+    }
+    for text, named in cases.items():
+        mapping = tmp_path / "m.json"
+        mapping.write_text(text)
+        code, _, err = _cli(
+            ["convert", str(tmp_path / "in"), str(tmp_path / "out"), "--to", "hf", "--map",
+             str(mapping)], capsys,
+        )  # fmt: skip
+        assert code == 2 and named in err, err
+        assert not (tmp_path / "out").exists()
+    torch.save({"w": torch.zeros(2, dtype=torch.complex128)}, tmp_path / "c.pt")
+    code, _, err = _cli(["convert", str(tmp_path / "c.pt"), str(tmp_path / "out"), "--to", "hf"],
+                        capsys)  # fmt: skip
+    assert code == 2 and "cannot be written as safetensors shards" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.pt", "in", "m.json"]
