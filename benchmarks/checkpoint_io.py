@@ -17,8 +17,12 @@ repeat (higher is better); the table shows the median of those ratios and their 
   ``load_state`` beside it. Every contender touches every page it loads.
 - async stall: the time ``run.save()`` blocks with ``async_save=True`` ÷ one memory copy of the
   state into existing (already touched) buffers (lower is better).
-- FSDP on 2 gloo ranks: ``dcp.save``/``dcp.load`` of the same model's state dict (from
-  ``get_state_dict``) ÷ ``run.save()``/``run.resume()``, the slower rank's time counting.
+- FSDP on 2 (``--fsdp-ranks``) gloo ranks: ``dcp.save``/``dcp.load`` of the same model's state
+  dict (from ``get_state_dict``) ÷ ``run.save()``/``run.resume()``, the slower rank's time
+  counting. ``dcp.load`` twice: as a resume does it, into a freshly built model and optimizer
+  (``get_state_dict`` then creates the optimizer state it loads into, as ``run.resume()`` must),
+  and into the trained model whose state exists already. And a raw read of each rank's own
+  shard file (the bytes it needs) into a fresh buffer.
 
 ``accelerate`` joins the table when it is installed (``pip install paratrain[bench]``).
 """
@@ -242,7 +246,7 @@ def _fsdp_rank(mib: int, root: str, repeats: int) -> list[dict[str, float]]:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    def build() -> tuple[pt.Run, nn.Module, torch.optim.Optimizer]:
+    def build(trained: bool = True) -> tuple[pt.Run, nn.Module, torch.optim.Optimizer]:
         run = pt.Run(  # gloo on the CPU, also where a GPU is visible
             strategy="fsdp",
             accelerator="cpu",
@@ -253,9 +257,10 @@ def _fsdp_rank(mib: int, root: str, repeats: int) -> list[dict[str, float]]:
         )
         net = _model(mib)
         model, opt = run.setup(net, torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9))
-        with run.accumulate(model):
-            run.backward(model(torch.ones(2, WIDTH)).sum())
-        run.step(opt)  # momentum buffers exist
+        if trained:  # momentum buffers exist; a resume starts without them
+            with run.accumulate(model):
+                run.backward(model(torch.ones(2, WIDTH)).sum())
+            run.step(opt)
         return run, model, opt
 
     def timed(fn: Callable[[], object], cold: bool = False) -> float:
@@ -282,12 +287,25 @@ def _fsdp_rank(mib: int, root: str, repeats: int) -> list[dict[str, float]]:
                 dcp.load({"model": msd, "optim": osd}, checkpoint_id=ref)
                 set_state_dict(model, opt, model_state_dict=msd, optim_state_dict=osd)
 
+            def dcp_resume(cold: bool, ref: Path = ref) -> float:
+                """dcp.load as a resume does it: into a freshly built model and optimizer
+                (get_state_dict first creates the optimizer's state to load into)."""
+                fresh, model2, opt2 = build(trained=False)  # built before the clock starts
+                with fresh:
+
+                    def load() -> None:
+                        msd, osd = get_state_dict(model2, opt2)
+                        dcp.load({"model": msd, "optim": osd}, checkpoint_id=ref)
+                        set_state_dict(model2, opt2, model_state_dict=msd, optim_state_dict=osd)
+
+                    return timed(load, cold)
+
             def own_bytes() -> None:  # what this rank needs to resume: its own shard file
                 newest = max((Path(root) / "pt").glob("step-*"), key=lambda p: p.stat().st_mtime)
                 _raw_read(newest / "dcp" / f"__{dist.get_rank()}_0.distcp")
 
             def resume_time(cold: bool) -> float:
-                again, _, _ = build()  # built before the clock starts
+                again, _, _ = build(trained=False)  # as a restarted job: no optimizer state
                 with again:
                     return timed(lambda: again.resume(), cold)
 
@@ -302,6 +320,7 @@ def _fsdp_rank(mib: int, root: str, repeats: int) -> list[dict[str, float]]:
                     f"dcp_load_{suffix}": lambda cold=cold: timed(dcp_load, cold),  # type: ignore[misc]
                     f"fsdp_resume_{suffix}": lambda cold=cold: resume_time(cold),  # type: ignore[misc]
                     f"raw_read_{suffix}": lambda cold=cold: timed(own_bytes, cold),  # type: ignore[misc]
+                    f"dcp_resume_{suffix}": lambda cold=cold: dcp_resume(cold),  # type: ignore[misc]
                 }
                 row.update(_phase(reads, r))
             run.global_step += 1
@@ -394,8 +413,10 @@ def _fsdp_table(mib: int, repeats: int, where: Path | None, ranks: int = 2) -> N
     print("|---|---:|---:|---:|---:|")
     for ours, ref, label in (
         ("fsdp_save", "dcp_save", "save ÷ dcp.save"),
-        ("fsdp_resume_hot", "dcp_load_hot", "resume ÷ dcp.load, hot"),
-        ("fsdp_resume_cold", "dcp_load_cold", "resume ÷ dcp.load, cold"),
+        ("fsdp_resume_hot", "dcp_resume_hot", "resume ÷ dcp.load into a fresh model, hot"),
+        ("fsdp_resume_cold", "dcp_resume_cold", "resume ÷ dcp.load into a fresh model, cold"),
+        ("fsdp_resume_hot", "dcp_load_hot", "resume ÷ dcp.load into the trained model, hot"),
+        ("fsdp_resume_cold", "dcp_load_cold", "resume ÷ dcp.load into the trained model, cold"),
         ("fsdp_resume_hot", "raw_read_hot", "resume ÷ raw read of the rank's bytes, hot"),
         ("fsdp_resume_cold", "raw_read_cold", "resume ÷ raw read of the rank's bytes, cold"),
     ):

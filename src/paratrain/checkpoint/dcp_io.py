@@ -52,7 +52,11 @@ from paratrain.checkpoint.durable_writes import start_writeback
 from paratrain.checkpoint.formats import MALFORMED, describe
 from paratrain.checkpoint.manifest import FileRecord
 from paratrain.checkpoint.saved_tensor import MemoryFile, saved_tensor
-from paratrain.checkpoint.verified_reads import BlockDigests, read_windows_verified
+from paratrain.checkpoint.verified_reads import (
+    BlockDigests,
+    map_windows_verified,
+    read_windows_verified,
+)
 from paratrain.errors import CheckpointDamagedError, CheckpointError
 
 # Exact (module, name) pairs: a prefix rule would let a pickle reach any attribute of those modules
@@ -251,11 +255,12 @@ class SafeReader(FileSystemReader):
     """A FileSystemReader whose metadata is unpickled with an allow-list and checked.
 
     Given ``records`` (file name -> FileRecord, from a paratrain manifest), each data file is
-    verified before any of its bytes are used. A file checked per block is read only in the
-    blocks that hold this rank's items, through a small reused buffer: once to check them all,
-    then again from the page cache to copy each item into its tensor (no fresh copy of the
-    shard, whose page faults cost more than the read). An older file is read whole. A damaged
-    file raises CheckpointDamagedError.
+    verified before any of its bytes are used. A file checked per block is read from disk once,
+    only in the blocks that hold this rank's items, through a small reused buffer that checks
+    them all; then each item is copied into its tensor straight from the page cache through a
+    read-only mapping, its blocks checked again one window ahead (no second read into a buffer,
+    no fresh copy of the shard, whose page faults cost more than the read). An older file is
+    read whole. A damaged file raises CheckpointDamagedError.
     """
 
     def __init__(
@@ -290,10 +295,10 @@ class SafeReader(FileSystemReader):
                     self._load_item(item, info, buffer, planner, 0)
                 continue
             assert record.block_bytes is not None
-            windows = read_windows_verified(
-                path, record.bytes, record.block_bytes, record.blocks, ranges, verify_first=True
-            )
-            for buffer, base, members in windows:  # the whole file's part checked first
+            shape = (path, record.bytes, record.block_bytes, record.blocks, ranges)
+            for _ in read_windows_verified(*shape):  # this rank's blocks, read once and checked
+                pass  # before any of them is loaded: a damaged file leaves the state untouched
+            for buffer, base, members in map_windows_verified(*shape, populate=False):
                 for i in members:
                     self._load_item(items[i], infos[i], buffer, planner, base)
         done: Future[None] = Future()

@@ -447,6 +447,7 @@ def map_windows_verified(
     wanted: list[tuple[int, int]],
     *,
     window_bytes: int = WINDOW_BYTES,
+    populate: bool = True,
 ) -> Iterator[tuple[torch.Tensor, int, list[int]]]:
     """:func:`read_windows_verified` for a file whose every block was just read and checked
     (so its pages are in the page cache): each window is a read-only view of the file mapped
@@ -456,6 +457,10 @@ def map_windows_verified(
 
         for window, base, indices in map_windows_verified(path, size, 4 << 20, digests, ranges):
             ...                                   # read-only: copy out, never write into it
+
+    ``populate``: the page tables of the whole mapping are filled at once (``MAP_POPULATE``),
+    which reads any page not cached yet: for a file read whole. Without it, only the pages of
+    ``wanted`` are touched (a rank's part of a shared file, its blocks just read and cached).
 
     The mapping is read after the caller's own check of the whole file, and its size is checked
     again as it is mapped; a file cut short after that would fault the process when read (a
@@ -472,7 +477,7 @@ def map_windows_verified(
                 raise OSError(
                     f"it changed size while being read, to {os.fstat(f.fileno()).st_size}"
                 )
-            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)  # page tables at once
+            flags = mmap.MAP_SHARED | (getattr(mmap, "MAP_POPULATE", 0) if populate else 0)
             mapped = mmap.mmap(f.fileno(), size, flags=flags, prot=mmap.PROT_READ)
     except OSError as err:
         raise CheckpointDamagedError(
