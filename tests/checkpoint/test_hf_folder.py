@@ -5,6 +5,8 @@ with nothing written."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -105,8 +107,19 @@ def test_round_trips_are_bit_exact_and_shards_deterministic(
         assert _cli([*args, "--max-shard-size", "30KB"] if fmt == "hf" else args, capsys)[0] == 0
     code, out, _ = _cli(["diff", str(folder), str(tmp_path / "c"), "--json"], capsys)
     assert code == 0 and json.loads(out)["identical"]
-    for shard in (tmp_path / "a").iterdir():  # the same tensors give the same bytes
-        assert shard.read_bytes() == (tmp_path / "c" / shard.name).read_bytes()
+    code, out, _ = _cli(["diff", str(tmp_path / "a"), str(tmp_path / "c"), "--json"], capsys)
+    assert code == 0 and json.loads(out)["identical"]
+    # The same conversion twice gives the same bytes, streamed (a folder) or not (a file).
+    for src, fmt in ((folder, "hf"), (tmp_path / "b.pt", "hf"), (tmp_path / "a", "safetensors")):
+        outs = [tmp_path / f"again-{fmt}-{src.name}-{i}" for i in range(2)]
+        for out_path in outs:
+            args = ["convert", str(src), str(out_path), "--to", fmt, "--max-shard-size", "30KB"]
+            assert _cli(args, capsys)[0] == 0
+        files = [sorted(p.rglob("*")) if p.is_dir() else [p] for p in outs]
+        assert [f.relative_to(outs[0]) for f in files[0] if f != outs[0]] == [
+            f.relative_to(outs[1]) for f in files[1] if f != outs[1]
+        ]
+        assert all(a.read_bytes() == b.read_bytes() for a, b in zip(*files, strict=True))
 
 
 def _hf_folder(path: Path) -> dict[str, torch.Tensor]:
@@ -207,3 +220,41 @@ def test_bad_mappings_and_dtypes_write_nothing(
                         capsys)  # fmt: skip
     assert code == 2 and "cannot be written as safetensors shards" in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.pt", "in", "m.json"]
+
+
+PEAK = """
+import resource, sys
+from paratrain.commands.cli import main
+try:
+    main(["ckpt", "convert", *sys.argv[1:]])
+except SystemExit as done:
+    assert not done.code, done.code
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+"""
+
+
+def _peak_bytes(*args: str) -> int:
+    done = subprocess.run([sys.executable, "-c", PEAK, *args], capture_output=True, text=True,
+                          check=True, timeout=300)  # fmt: skip
+    return int(done.stdout.split()[-1])
+
+
+def test_safetensors_conversions_hold_one_tensor_at_a_time(tmp_path: Path) -> None:
+    """256 MiB of eight 32 MiB tensors, to an hf folder and back to one file: the peak memory
+    beyond the same conversion of a tiny file stays under two tensors."""
+    tensor = 32 * 2**20
+    big = {f"layer.{i}.weight": torch.full((tensor // 4,), float(i)) for i in range(8)}
+    save_file(big, str(tmp_path / "big.safetensors"))
+    del big
+    save_file({"w": torch.zeros(4)}, str(tmp_path / "tiny.safetensors"))
+    baseline = _peak_bytes(str(tmp_path / "tiny.safetensors"), str(tmp_path / "t"), "--to", "hf")
+    to_hf = _peak_bytes(str(tmp_path / "big.safetensors"), str(tmp_path / "hf"), "--to", "hf",
+                        "--max-shard-size", "100MB")  # fmt: skip
+    back = _peak_bytes(str(tmp_path / "hf"), str(tmp_path / "back.safetensors"), "--to",
+                       "safetensors")  # fmt: skip
+    assert len(list((tmp_path / "hf").glob("*.safetensors"))) == 4  # two 33.5 MB per 100 MB
+    for peak in (to_hf, back):
+        assert peak - baseline < 2 * tensor, (peak - baseline) / 2**20
+    restored = load_file(str(tmp_path / "back.safetensors"))
+    assert sorted(restored) == [f"layer.{i}.weight" for i in range(8)]
+    assert all(bool((restored[f"layer.{i}.weight"] == i).all()) for i in range(8))

@@ -28,15 +28,17 @@ import shutil
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
 from paratrain.checkpoint.durable_writes import fsync_dir, write_bytes_durable
-from paratrain.checkpoint.safetensors_io import tie, untie, write_safetensors
+from paratrain.checkpoint.safetensors_io import file_entries, tie, untie, write_safetensors
 from paratrain.checkpoint.weight_files import read_safetensors
 from paratrain.errors import CheckpointError
 
 INDEX = "model.safetensors.index.json"
+Value = TypeVar("Value")
 DEFAULT_SHARD_BYTES = 5 * 10**9
 """The shard size cap ``save_pretrained`` uses by default (5 GB)."""
 
@@ -46,9 +48,9 @@ def is_hf_folder(path: Path) -> bool:
     return (path / INDEX).is_file()
 
 
-def read_hf_folder(path: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the folder's shards, checked against its index (see the module
-    docstring); tied names given back as the same tensor."""
+def hf_shards(path: Path) -> tuple[list[Path], dict[str, str]]:
+    """The folder's shard files, checked against its index from their headers alone (see the
+    module docstring), and its tied names (each dropped name to the kept one)."""
     weight_map, tied = _read_index(path)
     by_shard: dict[str, list[str]] = {}
     for key, shard in weight_map.items():
@@ -61,11 +63,16 @@ def read_hf_folder(path: Path) -> dict[str, torch.Tensor]:
             "Copy the missing shards into the folder (a download cut short?), or use a complete "
             "copy."
         )
-    state: dict[str, torch.Tensor] = {}
     seen: dict[str, str] = {}
     for shard in sorted(by_shard):
-        tensors = read_safetensors(path / shard, "cpu")
-        for key, tensor in tensors.items():
+        try:
+            entries, _ = file_entries(path / shard)
+        except CheckpointError as err:
+            raise CheckpointError(
+                f"{err} It is a shard of {path}: it is damaged or truncated; use another copy."
+            ) from None
+        names = {e.name for e in entries}
+        for key in sorted(names):
             if key in seen:
                 raise CheckpointError(
                     f"{path}: the tensor {key!r} is in two shards, {seen[key]} and {shard}; a "
@@ -73,14 +80,23 @@ def read_hf_folder(path: Path) -> dict[str, torch.Tensor]:
                     f"name (the index names {weight_map.get(key, 'neither')})."
                 )
             seen[key] = shard
-            state[key] = tensor
-        absent = sorted(set(by_shard[shard]) - set(tensors))
+        absent = sorted(set(by_shard[shard]) - names)
         if absent:
             raise CheckpointError(
                 f"{path / INDEX} places {len(absent)} tensor(s) in {shard} that it does not hold: "
                 f"{', '.join(absent[:5])}. The index and the shards are from different saves; use "
                 "a consistent copy of the folder."
             )
+    return [path / shard for shard in sorted(by_shard)], tied
+
+
+def read_hf_folder(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the folder's shards, checked against its index first (:func:`hf_shards`);
+    tied names given back as the same tensor."""
+    shards, tied = hf_shards(path)
+    state: dict[str, torch.Tensor] = {}
+    for shard in shards:
+        state.update(read_safetensors(shard, "cpu"))
     tie(state, tied)
     return state
 
@@ -222,11 +238,11 @@ def _checked(rename: Callable[[str], object], path: Path) -> Callable[[str], str
 
 
 def renamed(
-    state: Mapping[str, torch.Tensor], rename: Callable[[str], str | None], source: str
-) -> dict[str, torch.Tensor]:
+    state: Mapping[str, Value], rename: Callable[[str], str | None], source: str
+) -> dict[str, Value]:
     """``state`` with every key passed through ``rename`` (None drops it); an unmapped key or
     two keys given one name is an error that names them."""
-    out: dict[str, torch.Tensor] = {}
+    out: dict[str, Value] = {}
     origin: dict[str, str] = {}
     unmapped: list[str] = []
     for key, tensor in state.items():

@@ -44,6 +44,7 @@ from paratrain.checkpoint.restore import load_trainer
 from paratrain.checkpoint.safetensors_io import write_safetensors
 from paratrain.checkpoint.storage import url_of
 from paratrain.checkpoint.store import PREFIX
+from paratrain.checkpoint.streamed import safetensors_source, write_streamed
 from paratrain.core.paths import check_new, existing
 from paratrain.errors import CheckpointError
 
@@ -249,6 +250,28 @@ def convert(
             "written."
         )
     dst = check_new(dst, "The output path", CheckpointError)
+    source = (
+        None
+        if is_url(src) or to not in ("safetensors", "hf")
+        else safetensors_source(existing(src, "The checkpoint path", CheckpointError))
+    )
+    if source is not None:  # safetensors in and out: one tensor in memory at a time
+        names = {strip_wrappers(k): k for k in source.tensors}
+        if len(names) != len(source.tensors):
+            raise CheckpointError(
+                f"{src}: stripping wrapper prefixes would merge keys; convert "
+                "it with the prefixes kept by loading it into its model first."
+            )
+        if rename is not None:
+            names = renamed(names, key_mapping(rename), str(src))
+        write_streamed(source, names, dst, to=to, max_shard_bytes=max_shard_bytes)
+        return {
+            "from": source.fmt,
+            "to": to,
+            "tensors": len(names),
+            "path": str(dst),
+            "stripped": sum(k != strip_wrappers(k) for k in source.tensors),
+        }
     state, fmt = read_state_dict(src, trust=trust)
     clean = {strip_wrappers(k): v.contiguous() for k, v in state.items()}
     if len(clean) != len(state):

@@ -164,6 +164,27 @@ def safetensors_entries(
     return out
 
 
+def file_entries(path: Path) -> tuple[list[StoredTensor], dict[str, str]]:
+    """The entries and the ``__metadata__`` of a safetensors file, from its header only (no
+    tensor read); CheckpointError when the header cannot be one of a file this size."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            first = f.read(8)
+            length = safetensors_header_bytes(memoryview(first), size, path.name)
+            header = f.read(length)
+    except OSError as err:
+        raise CheckpointError(f"{path} cannot be read ({err.strerror or err}).") from None
+    entries = safetensors_entries(memoryview(header), size, str(path), aligned=False)
+    metadata = json.loads(header).get("__metadata__") or {}  # parsed by the entries already
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise CheckpointError(
+            f"{path} is not a readable safetensors file (its __metadata__ is not an object of "
+            "strings). Use another copy."
+        )
+    return entries, metadata
+
+
 def tied_names(state: Mapping[str, torch.Tensor]) -> dict[str, str]:
     """Each name of ``state`` whose tensor is one met before under another name (the same
     storage, offset, shape, strides and dtype: tied weights), mapped to that first name."""

@@ -1,0 +1,198 @@
+"""Conversions between safetensors files and folders, one tensor in memory at a time.
+
+    source = safetensors_source(Path("gpt-hf"))        # a .safetensors file, an hf folder, or a
+    if source is not None:                             # paratrain folder with model.safetensors
+        write_streamed(source, names, Path("out"), to="hf", max_shard_bytes=5 * 10**9)
+
+A source lists every tensor (name, dtype, shape, the file and byte range holding it) from the
+files' headers, without reading a tensor. The output's headers are computed from that list, then
+each tensor is read into a buffer of its own size, written, and dropped: a conversion holds one
+tensor (the largest, at worst) besides the interpreter, whatever the checkpoint's size. What
+``convert`` does for other inputs (torch.save files, DCP folders) reads them whole.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from paratrain.checkpoint.durable_writes import fsync_dir, write_bytes_durable
+from paratrain.checkpoint.hf_folder import INDEX, hf_shards, is_hf_folder
+from paratrain.checkpoint.manifest import MANIFEST, Manifest
+from paratrain.checkpoint.safetensors_io import _ST_DTYPES, StoredTensor, file_entries
+from paratrain.errors import CheckpointError
+
+
+@dataclass(frozen=True)
+class Stored:
+    """One tensor of a source: where its bytes are."""
+
+    path: Path
+    entry: StoredTensor
+
+
+@dataclass
+class Source:
+    """Every tensor of a safetensors-based checkpoint, by name, in file order, and its tied
+    names (each dropped name to the kept one)."""
+
+    tensors: dict[str, Stored]
+    tied: dict[str, str]
+    fmt: str
+
+    def read(self, name: str) -> torch.Tensor:
+        """The tensor ``name``, read into memory of its own."""
+        stored = self.tensors[name]
+        entry = stored.entry
+        buffer = torch.empty(entry.nbytes, dtype=torch.uint8)
+        view = buffer.numpy().data
+        with stored.path.open("rb", buffering=0) as f:
+            f.seek(entry.start)
+            got = 0
+            while got < entry.nbytes:
+                n = f.readinto(view[got:])
+                if not n:
+                    raise CheckpointError(
+                        f"{stored.path} ended inside {name}: it was cut short while being read. "
+                        "Use a complete copy. Nothing was written."
+                    )
+                got += n
+        return buffer.view(entry.dtype).reshape(entry.shape)
+
+
+def safetensors_source(path: Path) -> Source | None:
+    """The tensors of ``path`` when it is a safetensors file, a Hugging Face folder or a
+    paratrain checkpoint holding ``model.safetensors`` (checked first); else None."""
+    if path.is_file() and path.suffix == ".safetensors":
+        entries, metadata = file_entries(path)
+        return Source({e.name: Stored(path, e) for e in entries}, _tied(metadata), "safetensors")
+    if path.is_dir() and is_hf_folder(path):
+        shards, tied = hf_shards(path)
+        tensors = {}
+        for shard in shards:
+            entries, _ = file_entries(shard)
+            tensors.update({e.name: Stored(shard, e) for e in entries})
+        return Source(tensors, tied, "hf folder")
+    if path.is_dir() and (path / MANIFEST).is_file() and (path / "model.safetensors").is_file():
+        problems = Manifest.read(path).verify(path)
+        if problems:
+            raise CheckpointError(f"{path} is damaged: {'; '.join(problems)}.")
+        entries, metadata = file_entries(path / "model.safetensors")
+        return Source(
+            {e.name: Stored(path / "model.safetensors", e) for e in entries},
+            _tied(metadata),
+            "paratrain",
+        )
+    return None
+
+
+def _tied(metadata: Mapping[str, str]) -> dict[str, str]:
+    try:
+        tied = json.loads(metadata.get("tied", "{}"))
+    except json.JSONDecodeError:
+        return {}
+    if not isinstance(tied, dict):
+        return {}
+    return {k: v for k, v in tied.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def write_streamed(
+    source: Source, names: Mapping[str, str], dst: Path, *, to: str, max_shard_bytes: int
+) -> None:
+    """Write the tensors ``names`` maps (output name -> source name) at the new path ``dst`` as
+    one safetensors file (``to="safetensors"``) or a Hugging Face folder (``to="hf"``, tied names
+    written once), one tensor in memory at a time; nothing is left at ``dst`` on an error."""
+    entries = {new: source.tensors[old].entry for new, old in names.items()}
+    ties: dict[str, str] = {}
+    if to == "hf":  # a tied name whose kept name is written too is dropped, and recorded
+        back = {old: new for new, old in names.items()}
+        for new, old in names.items():
+            kept = source.tied.get(old)
+            if kept is not None and kept in back:
+                ties[new] = back[kept]
+        entries = {k: v for k, v in entries.items() if k not in ties}
+    files = _shards(entries, max_shard_bytes) if to == "hf" else [("", list(entries))]
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".tmp-{dst.name}-", dir=dst.parent))
+    try:
+        if to == "hf":
+            for file_name, members in files:
+                _write_file(staging / file_name, members, entries, names, source)
+            total = sum(e.nbytes for e in entries.values())
+            index = {
+                "metadata": {"total_size": total, **({"tied": ties} if ties else {})},
+                "weight_map": {n: f for f, members in files for n in members},
+            }
+            write_bytes_durable(staging / INDEX, json.dumps(index, indent=2).encode())
+            fsync_dir(staging)
+            os.rename(staging, dst)
+        else:
+            _write_file(staging / "out.safetensors", files[0][1], entries, names, source)
+            os.rename(staging / "out.safetensors", dst)
+            shutil.rmtree(staging)
+        fsync_dir(dst.parent)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _shards(entries: Mapping[str, StoredTensor], cap: int) -> list[tuple[str, list[str]]]:
+    groups: list[list[str]] = [[]]
+    size = 0
+    for name, entry in entries.items():
+        if groups[-1] and size + entry.nbytes > cap:
+            groups.append([])
+            size = 0
+        groups[-1].append(name)
+        size += entry.nbytes
+    if len(groups) == 1:
+        return [("model.safetensors", groups[0])]
+    count = len(groups)
+    return [(f"model-{i + 1:05d}-of-{count:05d}.safetensors", g) for i, g in enumerate(groups)]
+
+
+def _write_file(
+    path: Path,
+    members: list[str],
+    entries: Mapping[str, StoredTensor],
+    names: Mapping[str, str],
+    source: Source,
+) -> None:
+    """One safetensors file of ``members``: its header from the entries, then each tensor read
+    and written in turn (wider elements first, as paratrain writes: aligned views on read)."""
+    order = sorted(members, key=lambda n: -entries[n].dtype.itemsize)
+    header: dict[str, object] = {}
+    offset = 0
+    for name in order:
+        entry = entries[name]
+        if entry.dtype not in _ST_DTYPES:  # pragma: no cover - read from safetensors already
+            raise CheckpointError(f"{name}: {entry.dtype} has no safetensors dtype.")
+        header[name] = {
+            "dtype": _ST_DTYPES[entry.dtype],
+            "shape": list(entry.shape),
+            "data_offsets": [offset, offset + entry.nbytes],
+        }
+        offset += entry.nbytes
+    header["__metadata__"] = {"format": "pt"}  # where paratrain's in-memory writer puts it
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    with path.open("wb") as f:
+        f.write(len(raw).to_bytes(8, "little") + raw)
+        for name in order:
+            for chunk in _chunks(source.read(names[name])):
+                f.write(chunk)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _chunks(tensor: torch.Tensor) -> Iterator[memoryview]:
+    flat = tensor.reshape(-1)
+    if flat.numel():
+        yield flat.view(torch.uint8).numpy().data
