@@ -164,8 +164,19 @@ def test_ckpt_commands_and_load_weights_read_urls(
         assert report_.keys == 6 and all(
             torch.equal(v, net.state_dict()[k]) for k, v in model.state_dict().items()
         )
-    code, out, err = _cli(["convert", ckpt, f"{url}/model.pt", "--to", "pt"], capsys)
-    assert code == 2 and "local files only" in err
+    # To object storage: written locally, then uploaded (a folder's index last); never over.
+    code, out, err = _cli(["convert", ckpt, f"{url}-out/model.pt", "--to", "pt"], capsys)
+    assert code == 0, err
+    code, out, err = _cli(["convert", ckpt, f"{url}-out/model.pt", "--to", "pt"], capsys)
+    assert code == 2 and "already exists" in " ".join(err.split())
+    code, out, err = _cli(["convert", ckpt, f"{url}-hf", "--to", "hf"], capsys)
+    assert code == 0, err
+    assert sorted(s3.keys("cli-hf")) == [
+        "cli-hf/model.safetensors", "cli-hf/model.safetensors.index.json"
+    ]  # fmt: skip
+    for remote in (f"{url}-out/model.pt", f"{url}-hf"):
+        code, out, _ = _cli(["diff", ckpt, remote], capsys)
+        assert code == 0 and "identical: yes" in out
     code, out, _ = _cli(["convert", ckpt, str(tmp_path / "model.pt"), "--to", "pt"], capsys)
     assert code == 0 and (tmp_path / "model.pt").is_file()
     s3.flip_byte(f"cli/{folder.name}/optimizer.safetensors", -1)

@@ -8,7 +8,8 @@
     verify("s3://bucket/run1")               # URLs too: downloaded, one checkpoint at a time
 
 A URL is read through a temporary local copy (credentials and endpoint from the environment);
-``convert`` writes local files only.
+``convert`` to a URL writes locally, then uploads (a folder's ``model.safetensors.index.json`` or
+``.metadata`` last: a folder is whole once it is there).
 
 Anything that is not a readable checkpoint raises :class:`~paratrain.errors.CheckpointError`
 (``verify`` reports it as a problem instead). ``paratrain ckpt`` renders the results.
@@ -16,6 +17,7 @@ Anything that is not a readable checkpoint raises :class:`~paratrain.errors.Chec
 
 from __future__ import annotations
 
+import tempfile
 import warnings
 from collections import Counter
 from pathlib import Path, PurePosixPath
@@ -28,6 +30,7 @@ from paratrain.checkpoint.durable_writes import atomic_replace, atomic_torch_sav
 from paratrain.checkpoint.formats import FORMATS, describe
 from paratrain.checkpoint.hf_folder import (
     DEFAULT_SHARD_BYTES,
+    INDEX,
     key_mapping,
     renamed,
     write_hf_folder,
@@ -244,10 +247,8 @@ def convert(
     if to not in FORMATS:
         raise CheckpointError(f"Unknown target format {to!r}. Available: {', '.join(FORMATS)}.")
     if is_url(dst):
-        raise CheckpointError(
-            f"convert writes local files only, and the output {dst} is a URL. Convert to a local "
-            f"path, then upload that (e.g. `aws s3 cp model.safetensors {dst}`). Nothing was "
-            "written."
+        return _convert_to_url(
+            src, str(dst), to=to, trust=trust, rename=rename, max_shard_bytes=max_shard_bytes
         )
     dst = check_new(dst, "The output path", CheckpointError)
     source = (
@@ -289,6 +290,37 @@ def convert(
         "path": str(dst),
         "stripped": sum(k != strip_wrappers(k) for k in state),
     }
+
+
+MARKERS = {"hf": INDEX, "dcp": ".metadata"}
+"""The file of a folder written last to a URL: a reader takes the folder for whole once it is
+there (an object store has no rename; one object's PUT is atomic)."""
+
+
+def _convert_to_url(src: str | Path, dst: str, *, to: str, **options: Any) -> dict[str, Any]:
+    """:func:`convert` to a local folder, then uploaded to ``dst`` (a file's object, or a
+    folder's objects with its marker file last); refused when ``dst`` holds anything."""
+    parent, _, name = dst.rstrip("/").rpartition("/")
+    if not name or "://" not in parent + "/":
+        raise CheckpointError(f"The output URL {dst} names no object. Give e.g. s3://bucket/out.")
+    folder = to in MARKERS
+    storage = open_storage(dst if folder else parent, what="The output URL", error=CheckpointError)
+    taken = storage.list("") if folder else storage.get(name, start=0, end=1) is not None
+    if taken:
+        raise CheckpointError(
+            f"The output URL {dst} already exists. Choose a new one; nothing was written."
+        )
+    with tempfile.TemporaryDirectory(prefix="paratrain-convert-") as tmp:
+        result = convert(src, Path(tmp) / name, to=to, **options)
+        local = Path(tmp) / name
+        if folder:
+            files = sorted(p for p in local.rglob("*") if p.is_file())
+            marker = local / MARKERS[to]
+            storage.put([(p, p.relative_to(local).as_posix()) for p in files if p != marker])
+            storage.commit(MARKERS[to], marker.read_bytes())
+        else:
+            storage.put([(local, name)])
+    return {**result, "path": dst}
 
 
 def _write(
