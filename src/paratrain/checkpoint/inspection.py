@@ -20,6 +20,7 @@ from __future__ import annotations
 import tempfile
 import warnings
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -238,11 +239,13 @@ def convert(
     trust: bool = False,
     rename: Path | None = None,
     max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Rewrite ``src`` as ``to`` at ``dst``, keys without wrapper prefixes (then through the
     ``rename`` mapping file, see :func:`~paratrain.checkpoint.hf_folder.key_mapping`); ``hf``
-    shards hold at most ``max_shard_bytes`` each. Never overwrites; nothing is left at ``dst``
-    on an error."""
+    shards hold at most ``max_shard_bytes`` each; ``progress(done, total)`` gets the bytes
+    written, tensor by tensor, when the conversion is streamed. Never overwrites; nothing is
+    left at ``dst`` on an error."""
     require_bool("trust", trust)
     if to not in FORMATS:
         raise CheckpointError(f"Unknown target format {to!r}. Available: {', '.join(FORMATS)}.")
@@ -265,7 +268,9 @@ def convert(
             )
         if rename is not None:
             names = renamed(names, key_mapping(rename), str(src))
-        write_streamed(source, names, dst, to=to, max_shard_bytes=max_shard_bytes)
+        write_streamed(
+            source, names, dst, to=to, max_shard_bytes=max_shard_bytes, progress=progress
+        )
         return {
             "from": source.fmt,
             "to": to,

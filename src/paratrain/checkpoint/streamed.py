@@ -17,9 +17,10 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 
@@ -104,11 +105,18 @@ def _tied(metadata: Mapping[str, str]) -> dict[str, str]:
 
 
 def write_streamed(
-    source: Source, names: Mapping[str, str], dst: Path, *, to: str, max_shard_bytes: int
+    source: Source,
+    names: Mapping[str, str],
+    dst: Path,
+    *,
+    to: str,
+    max_shard_bytes: int,
+    progress: Callable[[int, int], None] | None = None,
 ) -> None:
     """Write the tensors ``names`` maps (output name -> source name) at the new path ``dst`` as
     one safetensors file (``to="safetensors"``) or a Hugging Face folder (``to="hf"``, tied names
-    written once), one tensor in memory at a time; nothing is left at ``dst`` on an error."""
+    written once), one tensor in memory at a time; nothing is left at ``dst`` on an error.
+    ``progress(done, total)`` is called with the bytes written after each tensor."""
     entries = {new: source.tensors[old].entry for new, old in names.items()}
     ties: dict[str, str] = {}
     if to == "hf":  # a tied name whose kept name is written too is dropped, and recorded
@@ -119,13 +127,20 @@ def write_streamed(
                 ties[new] = back[kept]
         entries = {k: v for k, v in entries.items() if k not in ties}
     files = _shards(entries, max_shard_bytes) if to == "hf" else [("", list(entries))]
+    total, done = sum(e.nbytes for e in entries.values()), 0
+
+    def wrote(nbytes: int) -> None:
+        nonlocal done
+        done += nbytes
+        if progress is not None:
+            progress(done, total)
+
     dst.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".tmp-{dst.name}-", dir=dst.parent))
     try:
         if to == "hf":
             for file_name, members in files:
-                _write_file(staging / file_name, members, entries, names, source)
-            total = sum(e.nbytes for e in entries.values())
+                _write_file(staging / file_name, members, entries, names, source, wrote)
             index = {
                 "metadata": {"total_size": total, **({"tied": ties} if ties else {})},
                 "weight_map": {n: f for f, members in files for n in members},
@@ -134,7 +149,7 @@ def write_streamed(
             fsync_dir(staging)
             os.rename(staging, dst)
         else:
-            _write_file(staging / "out.safetensors", files[0][1], entries, names, source)
+            _write_file(staging / "out.safetensors", files[0][1], entries, names, source, wrote)
             os.rename(staging / "out.safetensors", dst)
             shutil.rmtree(staging)
         fsync_dir(dst.parent)
@@ -164,6 +179,7 @@ def _write_file(
     entries: Mapping[str, StoredTensor],
     names: Mapping[str, str],
     source: Source,
+    wrote: Callable[[int], None],
 ) -> None:
     """One safetensors file of ``members``: its header from the entries, then each tensor read
     and written in turn (wider elements first, as paratrain writes: aligned views on read)."""
@@ -186,13 +202,13 @@ def _write_file(
     with path.open("wb") as f:
         f.write(len(raw).to_bytes(8, "little") + raw)
         for name in order:
-            for chunk in _chunks(source.read(names[name])):
-                f.write(chunk)
+            _write_tensor(f, source.read(names[name]))  # dropped before the next is read
+            wrote(entries[name].nbytes)
         f.flush()
         os.fsync(f.fileno())
 
 
-def _chunks(tensor: torch.Tensor) -> Iterator[memoryview]:
+def _write_tensor(f: BinaryIO, tensor: torch.Tensor) -> None:
     flat = tensor.reshape(-1)
     if flat.numel():
-        yield flat.view(torch.uint8).numpy().data
+        f.write(flat.view(torch.uint8).numpy().data)

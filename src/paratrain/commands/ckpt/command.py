@@ -16,9 +16,11 @@ needs torch); this module only parses arguments and prints.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -204,19 +206,38 @@ def _convert(args: argparse.Namespace) -> int:
     mapping = Path(args.map) if args.map is not None else None
     if mapping is not None and not mapping.is_file():
         raise CheckpointError(f"--map {args.map}: no such file. Give a .json or .py mapping file.")
-    result = inspection.convert(
-        args.src,
-        args.dst,
-        to=args.to,
-        trust=args.trust,
-        rename=mapping,
-        max_shard_bytes=args.max_shard_size,
-    )
+    with _progress_bar() as progress:
+        result = inspection.convert(
+            args.src,
+            args.dst,
+            to=args.to,
+            trust=args.trust,
+            rename=mapping,
+            max_shard_bytes=args.max_shard_size,
+            progress=progress,
+        )
     line = (
         f"wrote {result['path']} ({result['to']}, {result['tensors']} tensors, from "
         f"{result['from']}; {result['stripped']} keys lost a wrapper prefix)"
     )
     return _emit([line], 0)
+
+
+@contextlib.contextmanager
+def _progress_bar() -> Iterator[Callable[[int, int], None] | None]:
+    """A progress bar of the bytes written, on a terminal's stderr (none in a pipe or a log)."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
+    with Progress(
+        "converting", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+        console=Console(stderr=True), transient=True,
+    ) as bar:  # fmt: skip
+        task = bar.add_task("convert", total=None)
+        yield lambda done, total: bar.update(task, completed=done, total=total)
 
 
 def _diff(args: argparse.Namespace) -> int:
