@@ -14,6 +14,11 @@
   in one process, is added to the activations, and two of the largest unit's whole parameters to
   the communication buffers (a unit's gradients still in their reduce-scatter while the next unit
   is gathered).
+- **ddp + AC**, **fsdp + AC**: the ddp and fsdp rows less what checkpointing the script's repeated
+  blocks (:func:`checkpoint_blocks`) saved in its second step, measured in one process by the
+  probe (:func:`checkpoint_second_step`); absent when the script checkpoints already.
+- **fsdp, offload** (GPU ranks only): the fsdp row with the state shard in host memory
+  (:func:`offloaded`).
 """
 
 from __future__ import annotations
