@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import runpy
 import shutil
 import tempfile
@@ -262,10 +261,12 @@ def renamed(
         out[new] = tensor
     if unmapped:
         shown = ", ".join(unmapped[:5]) + (f" and {len(unmapped) - 5} more" if unmapped[5:] else "")
+        first = unmapped[0]
+        prefix = first.rpartition(".")[0]
+        under = f', or a prefix such as "{prefix}." maps all under it' if prefix else ""
         raise CheckpointError(
             f"--map leaves {len(unmapped)} tensor(s) of {source} unmapped: {shown}. Add an entry "
-            f'for each (e.g. "{unmapped[0]}": "{unmapped[0]}" keeps the name, null drops it, or '
-            'a prefix such as "' + re.sub(r"[^.]*$", "", unmapped[0]) + '" maps all under it). '
+            f'for each (e.g. "{first}": "{first}" keeps the name, null drops it{under}). '
             "Nothing was written."
         )
     return out
