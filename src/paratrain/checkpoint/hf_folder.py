@@ -1,7 +1,7 @@
 """Hugging Face-style folders of sharded safetensors: read any, write size-capped shards.
 
     state = read_hf_folder(Path("gpt2-ft"))                     # model.safetensors.index.json
-    write_hf_folder(state, Path("out"), max_shard_bytes=5 * 10**9)
+    write_hf_folder(state, Path("out"), max_shard_bytes=5 * 10**9)   # paratrain.checkpoint.streamed
     rename = key_mapping(Path("names.json"))                    # or a .py with rename(key)
 
 A folder holds ``model-00001-of-00003.safetensors``... and ``model.safetensors.index.json``,
@@ -21,18 +21,14 @@ then renamed).
 from __future__ import annotations
 
 import json
-import os
 import runpy
-import shutil
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
 import torch
 
-from paratrain.checkpoint.durable_writes import fsync_dir, write_bytes_durable
-from paratrain.checkpoint.safetensors_io import file_entries, tie, untie, write_safetensors
+from paratrain.checkpoint.safetensors_io import file_entries, tie
 from paratrain.checkpoint.weight_files import read_safetensors
 from paratrain.errors import CheckpointError
 
@@ -125,44 +121,6 @@ def _read_index(path: Path) -> tuple[dict[str, str], dict[str, str]]:
     ):
         tied = {}
     return dict(weight_map), dict(tied)
-
-
-def write_hf_folder(
-    state: Mapping[str, torch.Tensor], dst: Path, *, max_shard_bytes: int = DEFAULT_SHARD_BYTES
-) -> dict[str, object]:
-    """Write ``state`` at the new folder ``dst`` as shards of at most ``max_shard_bytes`` each (a
-    larger tensor gets a shard of its own) and the index; return the index."""
-    kept, tied = untie(state)
-    shards: list[list[str]] = [[]]
-    size = 0
-    for key, tensor in kept.items():
-        nbytes = tensor.numel() * tensor.element_size()
-        if shards[-1] and size + nbytes > max_shard_bytes:
-            shards.append([])
-            size = 0
-        shards[-1].append(key)
-        size += nbytes
-    names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
-    if len(shards) == 1:
-        names = ["model.safetensors"]
-    total = sum(t.numel() * t.element_size() for t in kept.values())
-    index: dict[str, object] = {
-        "metadata": {"total_size": total, **({"tied": tied} if tied else {})},
-        "weight_map": {key: name for name, keys in zip(names, shards, strict=True) for key in keys},
-    }
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".tmp-{dst.name}-", dir=dst.parent))
-    try:
-        for name, keys in zip(names, shards, strict=True):
-            write_safetensors(staging / name, {k: kept[k] for k in keys}, metadata={"format": "pt"})
-        write_bytes_durable(staging / INDEX, json.dumps(index, indent=2).encode())
-        fsync_dir(staging)
-        os.rename(staging, dst)
-        fsync_dir(dst.parent)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return index
 
 
 def key_mapping(path: Path) -> Callable[[str], str | None]:

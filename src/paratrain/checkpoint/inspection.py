@@ -34,7 +34,6 @@ from paratrain.checkpoint.hf_folder import (
     INDEX,
     key_mapping,
     renamed,
-    write_hf_folder,
 )
 from paratrain.checkpoint.loading import (
     WRAPPER_PARTS,
@@ -48,7 +47,7 @@ from paratrain.checkpoint.restore import load_trainer
 from paratrain.checkpoint.safetensors_io import write_safetensors
 from paratrain.checkpoint.storage import url_of
 from paratrain.checkpoint.store import PREFIX
-from paratrain.checkpoint.streamed import safetensors_source, write_streamed
+from paratrain.checkpoint.streamed import safetensors_source, write_hf_folder, write_streamed
 from paratrain.core.paths import check_new, existing
 from paratrain.errors import CheckpointError
 
@@ -251,8 +250,9 @@ def convert(
         raise CheckpointError(f"Unknown target format {to!r}. Available: {', '.join(FORMATS)}.")
     if is_url(dst):
         return _convert_to_url(
-            src, str(dst), to=to, trust=trust, rename=rename, max_shard_bytes=max_shard_bytes
-        )
+            src, str(dst), to=to, trust=trust, rename=rename, max_shard_bytes=max_shard_bytes,
+            progress=progress,
+        )  # fmt: skip
     dst = check_new(dst, "The output path", CheckpointError)
     source = (
         None
@@ -260,14 +260,7 @@ def convert(
         else safetensors_source(existing(src, "The checkpoint path", CheckpointError))
     )
     if source is not None:  # safetensors in and out: one tensor in memory at a time
-        names = {strip_wrappers(k): k for k in source.tensors}
-        if len(names) != len(source.tensors):
-            raise CheckpointError(
-                f"{src}: stripping wrapper prefixes would merge keys; convert "
-                "it with the prefixes kept by loading it into its model first."
-            )
-        if rename is not None:
-            names = renamed(names, key_mapping(rename), str(src))
+        names = _output_names(list(source.entries), src, rename)
         write_streamed(
             source, names, dst, to=to, max_shard_bytes=max_shard_bytes, progress=progress
         )
@@ -276,17 +269,11 @@ def convert(
             "to": to,
             "tensors": len(names),
             "path": str(dst),
-            "stripped": sum(k != strip_wrappers(k) for k in source.tensors),
+            "stripped": sum(k != strip_wrappers(k) for k in source.entries),
         }
     state, fmt = read_state_dict(src, trust=trust)
-    clean = {strip_wrappers(k): v.contiguous() for k, v in state.items()}
-    if len(clean) != len(state):
-        raise CheckpointError(
-            f"{src}: stripping wrapper prefixes would merge keys; convert "
-            "it with the prefixes kept by loading it into its model first."
-        )
-    if rename is not None:
-        clean = renamed(clean, key_mapping(rename), str(src))
+    names = _output_names(list(state), src, rename)
+    clean = {new: state[old].contiguous() for new, old in names.items()}
     _write(clean, dst, to, src, max_shard_bytes)
     return {
         "from": fmt,
@@ -295,6 +282,17 @@ def convert(
         "path": str(dst),
         "stripped": sum(k != strip_wrappers(k) for k in state),
     }
+
+
+def _output_names(keys: list[str], src: str | Path, rename: Path | None) -> dict[str, str]:
+    """Each output name -> its key in ``src``: wrapper prefixes stripped, then ``rename``d."""
+    names = {strip_wrappers(k): k for k in keys}
+    if len(names) != len(keys):
+        raise CheckpointError(
+            f"{src}: stripping wrapper prefixes would merge keys; convert "
+            "it with the prefixes kept by loading it into its model first."
+        )
+    return names if rename is None else renamed(names, key_mapping(rename), str(src))
 
 
 MARKERS = {"hf": INDEX, "dcp": ".metadata"}

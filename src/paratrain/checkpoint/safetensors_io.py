@@ -185,6 +185,18 @@ def file_entries(path: Path) -> tuple[list[StoredTensor], dict[str, str]]:
     return entries, metadata
 
 
+def tied_in(metadata: Mapping[str, str]) -> dict[str, str]:
+    """The tied names a paratrain ``model.safetensors`` records in its header's metadata
+    (``{"tied": "{\\"head.weight\\": \\"tok.weight\\"}"}``); {} when none or unreadable."""
+    try:
+        tied = json.loads(metadata.get("tied", "{}"))
+    except json.JSONDecodeError:
+        return {}
+    if not isinstance(tied, dict):
+        return {}
+    return {k: v for k, v in tied.items() if isinstance(k, str) and isinstance(v, str)}
+
+
 def tied_names(state: Mapping[str, torch.Tensor]) -> dict[str, str]:
     """Each name of ``state`` whose tensor is one met before under another name (the same
     storage, offset, shape, strides and dtype: tied weights), mapped to that first name."""

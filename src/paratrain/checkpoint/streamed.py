@@ -3,6 +3,7 @@
     source = safetensors_source(Path("gpt-hf"))        # a .safetensors file, an hf folder, or a
     if source is not None:                             # paratrain folder with model.safetensors
         write_streamed(source, names, Path("out"), to="hf", max_shard_bytes=5 * 10**9)
+    write_hf_folder(state_dict, Path("out"))           # a state dict in memory, the same way
 
 A source lists every tensor (name, dtype, shape, the file and byte range holding it) from the
 files' headers, without reading a tensor. The output's headers are computed from that list, then
@@ -18,54 +19,76 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
 import torch
 
 from paratrain.checkpoint.durable_writes import fsync_dir, write_bytes_durable
-from paratrain.checkpoint.hf_folder import INDEX, hf_shards, is_hf_folder
+from paratrain.checkpoint.hf_folder import DEFAULT_SHARD_BYTES, INDEX, hf_shards, is_hf_folder
 from paratrain.checkpoint.manifest import MANIFEST, Manifest
-from paratrain.checkpoint.safetensors_io import _ST_DTYPES, StoredTensor, file_entries
+from paratrain.checkpoint.safetensors_io import (
+    _ST_DTYPES,
+    StoredTensor,
+    file_entries,
+    tied_in,
+    untie,
+)
 from paratrain.errors import CheckpointError
-
-
-@dataclass(frozen=True)
-class Stored:
-    """One tensor of a source: where its bytes are."""
-
-    path: Path
-    entry: StoredTensor
 
 
 @dataclass
 class Source:
-    """Every tensor of a safetensors-based checkpoint, by name, in file order, and its tied
-    names (each dropped name to the kept one)."""
+    """The tensors of a checkpoint, by name: each one's dtype, shape and bytes (``entries``;
+    where in which file they lie, for a file's tensors), and its tied names (each dropped name to
+    the kept one). :meth:`read` gives one tensor."""
 
-    tensors: dict[str, Stored]
+    entries: dict[str, StoredTensor]
     tied: dict[str, str]
     fmt: str
+    files: dict[str, Path] = field(default_factory=dict)
+    """The file holding each tensor (empty for tensors in memory)."""
+    held: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    """Tensors in memory, by name (a state dict to write)."""
+
+    @classmethod
+    def of(cls, state: Mapping[str, torch.Tensor]) -> Source:
+        """A state dict in memory; names of one storage recorded as tied (see ``untie``)."""
+        entries = {
+            k: StoredTensor(k, t.dtype, list(t.shape), 0, t.numel() * t.element_size())
+            for k, t in state.items()
+        }
+        return cls(entries, untie(state)[1], "state dict", held=state)
 
     def read(self, name: str) -> torch.Tensor:
-        """The tensor ``name``, read into memory of its own."""
-        stored = self.tensors[name]
-        entry = stored.entry
+        """The tensor ``name``: the one held, or read from its file into memory of its own."""
+        if name in self.held:
+            return self.held[name].contiguous()
+        entry, path = self.entries[name], self.files[name]
         buffer = torch.empty(entry.nbytes, dtype=torch.uint8)
         view = buffer.numpy().data
-        with stored.path.open("rb", buffering=0) as f:
+        with path.open("rb", buffering=0) as f:
             f.seek(entry.start)
             got = 0
             while got < entry.nbytes:
                 n = f.readinto(view[got:])
                 if not n:
                     raise CheckpointError(
-                        f"{stored.path} ended inside {name}: it was cut short while being read. "
+                        f"{path} ended inside {name}: it was cut short while being read. "
                         "Use a complete copy. Nothing was written."
                     )
                 got += n
         return buffer.view(entry.dtype).reshape(entry.shape)
+
+
+def _from_files(entries: dict[Path, list[StoredTensor]], tied: dict[str, str], fmt: str) -> Source:
+    return Source(
+        {e.name: e for found in entries.values() for e in found},
+        tied,
+        fmt,
+        files={e.name: path for path, found in entries.items() for e in found},
+    )
 
 
 def safetensors_source(path: Path) -> Source | None:
@@ -73,35 +96,27 @@ def safetensors_source(path: Path) -> Source | None:
     paratrain checkpoint holding ``model.safetensors`` (checked first); else None."""
     if path.is_file() and path.suffix == ".safetensors":
         entries, metadata = file_entries(path)
-        return Source({e.name: Stored(path, e) for e in entries}, _tied(metadata), "safetensors")
+        return _from_files({path: entries}, tied_in(metadata), "safetensors")
     if path.is_dir() and is_hf_folder(path):
         shards, tied = hf_shards(path)
-        tensors = {}
-        for shard in shards:
-            entries, _ = file_entries(shard)
-            tensors.update({e.name: Stored(shard, e) for e in entries})
-        return Source(tensors, tied, "hf folder")
+        return _from_files({shard: file_entries(shard)[0] for shard in shards}, tied, "hf folder")
     if path.is_dir() and (path / MANIFEST).is_file() and (path / "model.safetensors").is_file():
         problems = Manifest.read(path).verify(path)
         if problems:
             raise CheckpointError(f"{path} is damaged: {'; '.join(problems)}.")
         entries, metadata = file_entries(path / "model.safetensors")
-        return Source(
-            {e.name: Stored(path / "model.safetensors", e) for e in entries},
-            _tied(metadata),
-            "paratrain",
-        )
+        return _from_files({path / "model.safetensors": entries}, tied_in(metadata), "paratrain")
     return None
 
 
-def _tied(metadata: Mapping[str, str]) -> dict[str, str]:
-    try:
-        tied = json.loads(metadata.get("tied", "{}"))
-    except json.JSONDecodeError:
-        return {}
-    if not isinstance(tied, dict):
-        return {}
-    return {k: v for k, v in tied.items() if isinstance(k, str) and isinstance(v, str)}
+def write_hf_folder(
+    state: Mapping[str, torch.Tensor], dst: Path, *, max_shard_bytes: int = DEFAULT_SHARD_BYTES
+) -> None:
+    """Write the state dict ``state`` at the new folder ``dst`` as a Hugging Face folder (see
+    :mod:`paratrain.checkpoint.hf_folder`): shards of at most ``max_shard_bytes`` each (a larger
+    tensor gets a shard of its own), each storage once, and the index."""
+    write_streamed(Source.of(state), {k: k for k in state}, dst, to="hf",
+                   max_shard_bytes=max_shard_bytes)  # fmt: skip
 
 
 def write_streamed(
@@ -117,7 +132,7 @@ def write_streamed(
     one safetensors file (``to="safetensors"``) or a Hugging Face folder (``to="hf"``, tied names
     written once), one tensor in memory at a time; nothing is left at ``dst`` on an error.
     ``progress(done, total)`` is called with the bytes written after each tensor."""
-    entries = {new: source.tensors[old].entry for new, old in names.items()}
+    entries = {new: source.entries[old] for new, old in names.items()}
     ties: dict[str, str] = {}
     if to == "hf":  # a tied name whose kept name is written too is dropped, and recorded
         back = {old: new for new, old in names.items()}
@@ -188,8 +203,12 @@ def _write_file(
     offset = 0
     for name in order:
         entry = entries[name]
-        if entry.dtype not in _ST_DTYPES:  # pragma: no cover - read from safetensors already
-            raise CheckpointError(f"{name}: {entry.dtype} has no safetensors dtype.")
+        if entry.dtype not in _ST_DTYPES:  # a state dict's tensor
+            raise CheckpointError(
+                f"{names[name]} is a {entry.dtype} tensor, which the safetensors format cannot "
+                f"hold. Convert it (e.g. to {torch.float32}) before saving, or keep it out of the "
+                "state."
+            )
         header[name] = {
             "dtype": _ST_DTYPES[entry.dtype],
             "shape": list(entry.shape),

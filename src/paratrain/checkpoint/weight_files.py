@@ -11,7 +11,6 @@ what is accepted. Parser errors are caught only around the parser calls themselv
 
 from __future__ import annotations
 
-import json
 import pickle
 import re
 import zipfile
@@ -24,7 +23,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from paratrain.checkpoint.formats import ACCEPTED, MALFORMED, describe
-from paratrain.checkpoint.safetensors_io import tie
+from paratrain.checkpoint.safetensors_io import tie, tied_in
 from paratrain.errors import CheckpointError
 
 NESTED_KEYS = ("state_dict", "model_state_dict", "model", "module", "net", "weights")
@@ -73,20 +72,8 @@ def read_safetensors(path: Path, map_location: MapLocation) -> dict[str, torch.T
             f"{path} is not a readable safetensors file ({describe(err)}): it is damaged, "
             f"truncated or not safetensors at all. Use another copy. {ACCEPTED}"
         ) from None
-    tie(state, _tied_metadata(metadata))
+    tie(state, tied_in(metadata))
     return move_to(state, map_location)
-
-
-def _tied_metadata(metadata: dict[str, str]) -> dict[str, str]:
-    """The tied names a paratrain checkpoint's ``model.safetensors`` records in its header
-    (``{"tied": "{\"head.weight\": \"tok.weight\"}"}``); {} when none or unreadable."""
-    try:
-        tied = json.loads(metadata.get("tied", "{}"))
-    except json.JSONDecodeError:
-        return {}
-    if not isinstance(tied, dict):
-        return {}
-    return {k: v for k, v in tied.items() if isinstance(k, str) and isinstance(v, str)}
 
 
 def _check_zip(path: Path, size: int) -> None:
