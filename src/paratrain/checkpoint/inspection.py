@@ -132,6 +132,17 @@ def _saved_run(folder: Path) -> dict[str, Any]:
             "mesh": _mesh_words(manifest.mesh, manifest.world_size),
             "layout": manifest.layout,
             "global_batch": manifest.global_batch,
+            **(
+                {
+                    "trained_by": (
+                        f"{manifest.trained['strategy']}, "
+                        f"{_mesh_words(*manifest.trained_at[::-1])} (tensors resharded offline "
+                        "by paratrain ckpt reshard)"
+                    )
+                }
+                if manifest.trained
+                else {}
+            ),
             "paratrain": manifest.paratrain_version,
             "torch": manifest.torch_version,
         },
@@ -164,7 +175,7 @@ def _resumes_under(manifest: Manifest, trainer: dict[str, Any]) -> dict[str, str
     per_rank = trainer.get("objects_per_rank")
     differing = sorted(map(str, per_rank)) if isinstance(per_rank, dict) else []
     world = (
-        f"{manifest.world_size} only: run.track state that differs by rank ({differing}); "
+        f"{manifest.trained_at[0]} only: run.track state that differs by rank ({differing}); "
         "track it with replicated=True if one rank's copy serves all"
         if differing
         else "any"

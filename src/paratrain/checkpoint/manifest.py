@@ -13,6 +13,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 import torch
 import xxhash
@@ -25,9 +26,10 @@ from paratrain.checkpoint.verified_reads import (
 )
 from paratrain.errors import CheckpointError
 
-FORMAT_VERSION = 5
+FORMAT_VERSION = 6
 """1: one model and optimizer; 2: named models, schedulers, objects, loader positions;
-3: XXH3-64 checksums instead of CRC32; 4: files checked per block (``blocks``); 5: a mesh."""
+3: XXH3-64 checksums instead of CRC32; 4: files checked per block (``blocks``); 5: a mesh;
+6: tensors rewritten for another layout (``trained``)."""
 MANIFEST = "manifest.json"
 MANIFEST_CHECKSUM = "manifest.xxh3"
 """XXH3-64 of manifest.json's bytes, in hex: a damaged manifest is skipped like a damaged file.
@@ -114,6 +116,11 @@ class Manifest:
     mesh: dict[str, int] | None = None
     """Mesh axes of the run that wrote it (``pp``, ``dp_replicate``, ``dp``, ``tp``), when it split
     layers or replicated shard groups (format 5); None: every rank on ``dp``."""
+    trained: dict[str, Any] | None = None
+    """When ``paratrain ckpt reshard`` rewrote the tensors for this layout (format 6): the
+    layout of the run that trained them (``strategy``, ``world_size``, ``mesh``), to which the
+    per-rank state (random generators, stream positions, per-rank objects) and the global batch
+    belong. None: the run that wrote the checkpoint trained it."""
     models: list[str] = field(default_factory=lambda: ["model"])
     """Names of the models it holds, in ``run.setup`` order."""
     files: dict[str, FileRecord] = field(default_factory=dict)
@@ -128,16 +135,27 @@ class Manifest:
 
     @property
     def data_size(self) -> int:
-        """Ranks that read different data (the world size without the pp and tp axes)."""
-        if not self.mesh:
-            return self.world_size
-        return self.world_size // (self.mesh.get("tp", 1) * self.mesh.get("pp", 1))
+        """Ranks that read different data (the world size without the pp and tp axes) in the
+        run that trained it."""
+        world, mesh = self.trained_at
+        if not mesh:
+            return world
+        return world // (mesh.get("tp", 1) * mesh.get("pp", 1))
+
+    @property
+    def trained_at(self) -> tuple[int, dict[str, int] | None]:
+        """(world size, mesh) of the run whose ranks' state it holds: the run that wrote it,
+        or the one it was resharded from (``trained``)."""
+        if self.trained is None:
+            return self.world_size, self.mesh
+        return int(self.trained["world_size"]), self.trained.get("mesh")
 
     def to_json(self) -> str:
         """The manifest as JSON text (a file record's unused checksum kinds left out)."""
         data = asdict(self)
-        if data["mesh"] is None:  # formats 1-4 have no mesh: older paratrain reads them
-            del data["mesh"]
+        for newer in ("mesh", "trained"):  # left out when unused: older paratrain reads it
+            if data[newer] is None:
+                del data[newer]
         data["files"] = {
             name: {k: v for k, v in record.items() if v is not None}
             for name, record in data["files"].items()
@@ -239,6 +257,15 @@ def _check_types(manifest: Manifest) -> None:
         and math.prod(mesh.values()) == manifest.world_size
     ):
         raise ValueError(f"mesh {mesh!r} is not axis sizes whose product is the world size")
+    trained = manifest.trained
+    if trained is not None and not (
+        isinstance(trained, dict)
+        and isinstance(trained.get("strategy"), str)
+        and type(trained.get("world_size")) is int
+        and trained["world_size"] >= 1
+        and (trained.get("mesh") is None or isinstance(trained["mesh"], dict))
+    ):
+        raise ValueError(f"trained {trained!r} is not a layout (strategy, world_size, mesh)")
     for name, record in manifest.files.items():
         parts = PurePosixPath(name).parts
         if not parts or name.startswith("/") or ".." in parts or "\0" in name:

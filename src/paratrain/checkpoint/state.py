@@ -12,7 +12,7 @@ one strategy loads under any other.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -416,13 +416,16 @@ def _has_tensors(tree: Any) -> bool:
     return False
 
 
-def flatten_optimizer(optim_sd: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Split an FQN-keyed optimizer state into tensors and plain data."""
-    tensors: dict[str, torch.Tensor] = {}
+def flatten_optimizer(
+    optim_sd: dict[str, Any], *, tensor: Callable[[Any], bool] | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split an FQN-keyed optimizer state into tensors and plain data (``tensor(value)``: what
+    counts as a tensor, by default a torch.Tensor)."""
+    tensors: dict[str, Any] = {}
     plain: dict[str, dict[str, Any]] = {}
     for fqn, entries in optim_sd.get("state", {}).items():
         for key, value in entries.items():
-            if isinstance(value, torch.Tensor):
+            if tensor(value) if tensor is not None else isinstance(value, torch.Tensor):
                 tensors[f"{fqn}{_SEP}{key}"] = value
             else:
                 plain.setdefault(fqn, {})[key] = value

@@ -433,9 +433,11 @@ class CheckpointStore:
         manifest.files = records
         faults.emit("save_write")  # the files are written, the commit point is not
         # The lowest format that holds what this save uses, so older paratrain reads the rest:
-        # 5 records a mesh (tp, HSDP), 4 per-block checksums.
+        # 6 records a reshard, 5 a mesh (tp, HSDP), 4 per-block checksums.
         blocks = any(r.blocks is not None for r in records.values())
-        manifest.format_version = 5 if manifest.mesh else 4 if blocks else 3
+        manifest.format_version = (
+            6 if manifest.trained else 5 if manifest.mesh else 4 if blocks else 3
+        )
         manifest.created = time.time()
         text = manifest.to_json().encode()
         # The manifest and its checksum are synced together; the folders after them, at once.
@@ -450,6 +452,18 @@ class CheckpointStore:
         os.rename(tmp, final)  # the commit point
         fsync_dir(final.parent)
         self._committed(final, manifest, published or set())
+
+    def commit_written(
+        self,
+        manifest: Manifest,
+        tmp: Path,
+        final: Path,
+        trainer: dict[str, Any],
+        records: dict[str, FileRecord],
+    ) -> None:
+        """Commit files already written (and recorded) into ``tmp``, as a save does: write
+        ``trainer.pt``, then the manifest, then rename ``tmp`` to ``final`` (one process)."""
+        self._commit(manifest, tmp, final, trainer, records=records)
 
     def _publish_shards(self, tmp: Path, final: Path, written: dict[str, FileRecord]) -> str | None:
         """Every rank, after its DCP shards (``written``, inside ``tmp/dcp``) are on disk and

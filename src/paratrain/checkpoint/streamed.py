@@ -21,7 +21,7 @@ import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, Protocol
 
 import torch
 
@@ -196,16 +196,41 @@ def _write_file(
     source: Source,
     wrote: Callable[[int], None],
 ) -> None:
-    """One safetensors file of ``members``: its header from the entries, then each tensor read
-    and written in turn (wider elements first, as paratrain writes: aligned views on read)."""
-    order = sorted(members, key=lambda n: -entries[n].dtype.itemsize)
+    """One safetensors file of ``members``, each tensor read from ``source`` in turn."""
+    with path.open("wb") as f:
+        write_tensors(
+            f, {m: entries[m] for m in members}, lambda n: source.read(names[n]), wrote=wrote
+        )
+        f.flush()
+        os.fsync(f.fileno())
+
+
+class Writable(Protocol):
+    """Anything with ``write(bytes)``: a file, or a stream that hashes what it writes."""
+
+    def write(self, data: Any, /) -> Any: ...
+
+
+def write_tensors(
+    f: Writable,
+    entries: Mapping[str, StoredTensor],
+    read: Callable[[str], torch.Tensor],
+    *,
+    metadata: Mapping[str, str] | None = None,
+    wrote: Callable[[int], None] | None = None,
+) -> None:
+    """Write a safetensors file of ``entries`` to ``f``: its header from the entries, then each
+    tensor got by ``read(name)``, written, and dropped before the next is read (wider elements
+    first, as paratrain writes: aligned views on read). ``metadata``: the header's
+    ``__metadata__`` (default ``{"format": "pt"}``)."""
+    order = sorted(entries, key=lambda n: -entries[n].dtype.itemsize)
     header: dict[str, object] = {}
     offset = 0
     for name in order:
         entry = entries[name]
         if entry.dtype not in _ST_DTYPES:  # a state dict's tensor
             raise CheckpointError(
-                f"{names[name]} is a {entry.dtype} tensor, which the safetensors format cannot "
+                f"{name} is a {entry.dtype} tensor, which the safetensors format cannot "
                 f"hold. Convert it (e.g. to {torch.float32}) before saving, or keep it out of the "
                 "state."
             )
@@ -215,19 +240,17 @@ def _write_file(
             "data_offsets": [offset, offset + entry.nbytes],
         }
         offset += entry.nbytes
-    header["__metadata__"] = {"format": "pt"}  # where paratrain's in-memory writer puts it
+    header["__metadata__"] = dict(metadata or {"format": "pt"})
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
-    with path.open("wb") as f:
-        f.write(len(raw).to_bytes(8, "little") + raw)
-        for name in order:
-            _write_tensor(f, source.read(names[name]))  # dropped before the next is read
+    f.write(len(raw).to_bytes(8, "little") + raw)
+    for name in order:
+        _write_tensor(f, read(name))
+        if wrote is not None:
             wrote(entries[name].nbytes)
-        f.flush()
-        os.fsync(f.fileno())
 
 
-def _write_tensor(f: BinaryIO, tensor: torch.Tensor) -> None:
+def _write_tensor(f: Writable, tensor: torch.Tensor) -> None:
     flat = tensor.reshape(-1)
     if flat.numel():
         f.write(flat.view(torch.uint8).numpy().data)

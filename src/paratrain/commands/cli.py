@@ -51,7 +51,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "paratrain.commands.plan.command",
         "peak memory per rank under each strategy, before launch",
     ),
-    "ckpt": ("paratrain.commands.ckpt.command", "inspect, verify, convert and diff checkpoints"),
+    "ckpt": (
+        "paratrain.commands.ckpt.command",
+        "inspect, verify, convert, reshard and diff checkpoints",
+    ),
     "monitor": (
         "paratrain.commands.monitor.command",
         "live per-GPU and per-rank view of a running job",

@@ -211,13 +211,15 @@ def resume(
         return None
     folder = staged.folder
     layout = pieces.layout
-    same_layout = manifest.world_size == layout.world_size and manifest.mesh == layout.mesh
+    # Per-rank state belongs to the ranks that trained (a reshard rewrote the tensors alone).
+    saved_world, saved_mesh = manifest.trained_at
+    same_layout = saved_world == layout.world_size and saved_mesh == layout.mesh
     _restore_rest(pieces, trainer, rank=layout.rank if same_layout else None)
     if same_layout:
         restore_rng(trainer["rng"][layout.rank])
     else:
         reseed_rng(seed=layout.seed, step=pieces.loop.global_step, rank=layout.data_rank)
-        saved = _layout_words(manifest.world_size, manifest.mesh)
+        saved = _layout_words(saved_world, saved_mesh)
         say(
             f"paratrain: saved at {saved}, resumed at "
             f"{_layout_words(layout.world_size, layout.mesh)}: random generators re-derived "

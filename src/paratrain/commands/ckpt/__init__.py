@@ -1,1 +1,1 @@
-"""``paratrain ckpt``: inspect, verify, convert and diff checkpoints."""
+"""``paratrain ckpt``: inspect, verify, convert, reshard and diff checkpoints."""

@@ -4,6 +4,7 @@ paratrain ckpt inspect runs/exp/checkpoints/step-00000300
 paratrain ckpt verify runs/exp/checkpoints          # exit 1 when nothing valid is there
 paratrain ckpt convert old_dp.pth model.safetensors --to safetensors
 paratrain ckpt convert runs/exp/checkpoints/step-00000300 hf-out --to hf --max-shard-size 2GB
+paratrain ckpt reshard runs/exp/checkpoints out --to-layout fsdp --world 8   # offline
 paratrain ckpt diff a.pt b.safetensors              # exit 1 when they differ
 paratrain ckpt diff a.pt b.pt | head -1             # a closed pipe ends the output quietly
 paratrain ckpt verify s3://bucket/run1              # URLs (any fsspec protocol) for the inputs
@@ -31,10 +32,10 @@ from paratrain.errors import CheckpointError
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register ``paratrain ckpt`` and its four actions."""
+    """Register ``paratrain ckpt`` and its five actions."""
     ckpt = subparsers.add_parser(
         "ckpt",
-        help="inspect, verify, convert and diff checkpoints",
+        help="inspect, verify, convert, reshard and diff checkpoints",
         description=DESCRIPTION,
     )
     actions = ckpt.add_subparsers(title="actions", metavar="ACTION", required=True)
@@ -72,6 +73,26 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     p.add_argument("--trust", action="store_true", help=TRUST_HELP)
     p.set_defaults(handler=_convert)
+    p = _action(
+        actions, "reshard", "rewrite a whole training state for another layout or world size"
+    )
+    p.add_argument(
+        "src", type=Path, metavar="CKPT", help="a checkpoint folder, or a run's checkpoint folder "
+        "(its newest intact checkpoint)",
+    )  # fmt: skip
+    p.add_argument(
+        "dst", type=Path, metavar="OUT", help="the checkpoint folder to write into (a run with "
+        "ckpt_dir=OUT resumes from it)",
+    )  # fmt: skip
+    p.add_argument(
+        "--to-layout", required=True, choices=("fsdp", "ddp", "single"),
+        help="fsdp: each rank's shards in a file of its own; ddp, single: one full copy",
+    )  # fmt: skip
+    p.add_argument(
+        "--world", type=_ranks, default=None, metavar="N",
+        help="ranks of the job that will resume (fsdp, ddp; single is 1)",
+    )  # fmt: skip
+    p.set_defaults(handler=_reshard)
     p = _action(actions, "diff", "compare two checkpoints' tensors; exit 1 if different")
     p.add_argument("a", type=location, metavar="A", help="the first checkpoint or weights file")
     p.add_argument("b", type=location, metavar="B", help="the second checkpoint or weights file")
@@ -88,9 +109,10 @@ def _action(
 
 
 DESCRIPTION = (
-    "Inspect, verify, convert and diff checkpoints: paratrain checkpoint folders, torch.save "
-    "files, safetensors files and DCP folders, on disk or at a URL (s3://...). A path that is "
-    "not a readable checkpoint is a one-paragraph error and exit code 2."
+    "Inspect, verify, convert, reshard and diff checkpoints: paratrain checkpoint folders, "
+    "torch.save files, safetensors files and DCP folders, on disk or at a URL (s3://...; "
+    "reshard reads and writes local folders). A path that is not a readable checkpoint is a "
+    "one-paragraph error and exit code 2."
 )
 PATH_HELP = "a checkpoint folder, a folder of checkpoints, a weights file, or a URL (s3://...)"
 JSON_HELP = "print the report as JSON, for scripts, instead of lines for people"
@@ -238,6 +260,37 @@ def _progress_bar() -> Iterator[Callable[[int, int], None] | None]:
     ) as bar:  # fmt: skip
         task = bar.add_task("convert", total=None)
         yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
+def _ranks(text: str) -> int:
+    """``--world``: a whole number of ranks, 1 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of ranks (1 or more)")
+    return value
+
+
+def _reshard(args: argparse.Namespace) -> int:
+    from paratrain.checkpoint.reshard import reshard
+
+    world = args.world
+    if world is None:
+        if args.to_layout != "single":
+            raise CheckpointError(
+                f"--to-layout {args.to_layout} needs --world N: the number of ranks of the job "
+                "that will resume from the output."
+            )
+        world = 1
+    with _progress_bar() as progress:
+        result = reshard(args.src, args.dst, layout=args.to_layout, world=world, progress=progress)
+    line = (
+        f"wrote {result['path']} ({result['to']}, step {result['step']}, {result['tensors']} "
+        f"tensors, {_size(result['bytes'])}, from {result['from']})"
+    )
+    return _emit([line], 0)
 
 
 def _diff(args: argparse.Namespace) -> int:

@@ -1,0 +1,605 @@
+"""A whole training state rewritten for another layout or world size, without launching ranks.
+
+    reshard(Path("ckpts/step-00000300"), Path("ckpts-fsdp8"), layout="fsdp", world=8)
+    # then: pt.Run(strategy="fsdp", ckpt_dir="ckpts-fsdp8") on 8 ranks resumes from it
+
+The output is a committed paratrain checkpoint, as a job of the target layout would have saved
+it: for ``fsdp``, a DCP folder in which rank ``r``'s file holds exactly the rows FSDP gives rank
+``r`` (parameters and their optimizer state split along dim 0, other tensors whole, once), so
+each rank of the resumed job reads its own file; for ``ddp`` and ``single``, one
+``model.safetensors`` and one ``optimizer.safetensors``. Schedulers, counters, loader positions,
+extras and every rank's random generators are copied as they are: the manifest records the
+layout that trained them (``trained``), and a resume treats them exactly as a resume from the
+original checkpoint would (restored when the job has that layout, re-derived from (seed, step,
+rank) otherwise). So a job resumes from the output as it would from the input.
+
+One tensor is read at a time (a DCP input in groups of at most 256 MiB) and written to every
+rank's file that holds part of it: memory stays near the largest tensor, whatever the size of
+the checkpoint. The input is verified against its manifest first; nothing is left at the output
+on an error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import shutil
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint._nested_dict import unflatten_state_dict
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.metadata import (
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner import (
+    TensorWriteData,
+    WriteItem,
+    WriteItemType,
+)
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.storage import WriteResult
+
+from paratrain.checkpoint.dcp_io import RecordingWriter, SafePlanner, SafeReader, read_metadata
+from paratrain.checkpoint.manifest import MANIFEST, FileRecord, Manifest
+from paratrain.checkpoint.restore import _flat_optimizer, load_trainer, stems
+from paratrain.checkpoint.safetensors_io import StoredTensor, file_entries
+from paratrain.checkpoint.state import flatten_optimizer, unflatten_optimizer
+from paratrain.checkpoint.store import CheckpointStore
+from paratrain.checkpoint.streamed import write_tensors
+from paratrain.core.version import __version__
+from paratrain.errors import CheckpointError
+
+LAYOUTS = ("fsdp", "ddp", "single")
+"""Target layouts: FSDP over ``world`` ranks (sharded), DDP over ``world`` ranks or one process
+(one full copy)."""
+
+GROUP_BYTES = 256 * 2**20
+"""Tensors of a DCP input read together (one pass of DCP's reader per group)."""
+
+
+@dataclass(frozen=True, eq=False)
+class Ref:
+    """One tensor of the input, not read yet: ``read()`` gives it (from its file)."""
+
+    key: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    read: Callable[[], torch.Tensor]
+    order: int
+    """Position in the input (tensors are read in this order)."""
+    split: bool = False
+    """True when a DCP input holds it in several pieces along dim 0 (a sharded parameter)."""
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+def reshard(
+    src: Path,
+    out: Path,
+    *,
+    layout: str,
+    world: int,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """Rewrite the checkpoint ``src`` (a checkpoint folder, or a folder of checkpoints: its
+    newest valid one) for ``layout`` at ``world`` ranks, as a new checkpoint inside the
+    checkpoint folder ``out`` (created if need be). Returns what was written.
+    ``progress(done, total)`` gets the bytes of tensors written so far."""
+    if layout not in LAYOUTS:
+        raise CheckpointError(
+            f"--to-layout {layout!r} is not a layout reshard writes. Use one of "
+            f"{', '.join(LAYOUTS)} (tp and pipeline layouts resume from any of them in-job)."
+        )
+    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+        raise CheckpointError(f"--world {world!r} is not a number of ranks: give 1 or more.")
+    if layout == "single" and world != 1:
+        raise CheckpointError(
+            f"--to-layout single is one process, but --world {world} was given. Use "
+            f"--to-layout ddp --world {world}, or drop --world."
+        )
+    folder, manifest = _source(src)
+    if manifest.layout == "sharded" and _reads_pipeline(folder, manifest) and layout != "fsdp":
+        raise CheckpointError(
+            f"{folder} was saved by pipeline stages, which keep optimizer settings per parameter; "
+            "a replicated checkpoint cannot hold them. Reshard it --to-layout fsdp (any layout "
+            "resumes from that), or resume it in-job under ddp and save."
+        )
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise CheckpointError(f"{out} is a file. Give a folder for the resharded checkpoint.")
+    final = out / folder.name
+    if final.exists():
+        raise CheckpointError(
+            f"{final} already exists. Give another output folder, or move it away; nothing was "
+            "written."
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    trainer = load_trainer(folder)
+    states, tied = _read_states(folder, manifest, trainer)
+    total = sum(r.nbytes for r in _refs(states))
+    done = 0
+
+    def wrote(nbytes: int) -> None:
+        nonlocal done
+        done += nbytes
+        if progress is not None:
+            progress(done, total)
+
+    store = CheckpointStore(out, keep_last=None, check_timeout_s=0.0, warn=lambda _: None)
+    tmp = out / f".tmp-{final.name}-reshard-{os.getpid()}-{time.time_ns()}"
+    tmp.mkdir()
+    try:
+        if layout == "fsdp":
+            records = {
+                f"dcp/{k}": v for k, v in _write_dcp(tmp / "dcp", states, world, wrote).items()
+            }
+            trainer.pop("optimizer_meta", None)
+        else:
+            records, trainer["optimizer_meta"] = _write_replicated(tmp, states, tied, wrote)
+        target = _target_manifest(manifest, layout, world)
+        store.commit_written(target, tmp, final, trainer, records)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return {
+        "path": str(final),
+        "from": f"{manifest.strategy} at {manifest.world_size} rank(s) ({manifest.layout})",
+        "to": f"{layout} at {world} rank(s)",
+        "tensors": len(_refs(states)),
+        "bytes": total,
+        "step": manifest.step,
+    }
+
+
+# -- the input -------------------------------------------------------------------------------
+def _source(src: Path) -> tuple[Path, Manifest]:
+    """The checkpoint folder to read and its manifest, verified."""
+    src = Path(src)
+    if not src.is_dir():
+        raise CheckpointError(
+            f"{src} is not a folder. Give a paratrain checkpoint folder (step-...) or the "
+            "checkpoint directory of a run."
+        )
+    if not (src / MANIFEST).is_file():
+        store = CheckpointStore(src, keep_last=None, check_timeout_s=0.0, warn=lambda _: None)
+        found = store.latest_valid()
+        if found is None:
+            raise CheckpointError(
+                f"{src} holds no intact paratrain checkpoint (`paratrain ckpt verify {src}` "
+                "says why). Give a checkpoint folder written by pt.Run.save()."
+            )
+        return found
+    manifest = Manifest.read(src)
+    problems = manifest.verify(src)
+    if problems:
+        raise CheckpointError(
+            f"{src} is damaged: {'; '.join(problems)}. Use another checkpoint; nothing was written."
+        )
+    return src, manifest
+
+
+def _reads_pipeline(folder: Path, manifest: Manifest) -> bool:
+    keys = set(read_metadata(folder / "dcp").state_dict_metadata)
+    return any(
+        _flat_optimizer(keys, stems(n)[1]) and _has_optimizer(keys, n) for n in manifest.models
+    )
+
+
+def _has_optimizer(keys: set[str], name: str) -> bool:
+    stem = stems(name)[1] + "."
+    return any(k.startswith(stem) for k in keys)
+
+
+States = dict[str, tuple[dict[str, Any], dict[str, Any]]]
+"""Model name -> (its state dict, its optimizers' state dict), tensors as :class:`Ref`."""
+
+_TIED = "tied"
+"""The header entry of a replicated model file naming its tied weights (kept as it is)."""
+
+
+def _read_states(
+    folder: Path, manifest: Manifest, trainer: dict[str, Any]
+) -> tuple[States, dict[str, str]]:
+    """The input's states, and the tied-weights entry of each model file that has one."""
+    if manifest.layout == "sharded":
+        return _dcp_states(folder, manifest), {}
+    states: States = {}
+    tied: dict[str, str] = {}
+    metas = trainer.get("optimizer_meta", {})
+    order = 0
+    for name in manifest.models:
+        model_stem, optim_stem = stems(name)
+        model, order, header = _file_refs(folder / f"{model_stem}.safetensors", order)
+        if header.get(_TIED):
+            tied[f"{model_stem}.safetensors"] = header[_TIED]
+        optim_file = folder / f"{optim_stem}.safetensors"
+        optim: dict[str, Any] = {}
+        if optim_file.is_file():
+            tensors, order, _ = _file_refs(optim_file, order)
+            meta = metas if "param_groups" in metas else metas.get(name, {})
+            optim = unflatten_optimizer(tensors, meta)  # type: ignore[arg-type]
+        states[name] = (model, optim)
+    return states, tied
+
+
+def _file_refs(path: Path, order: int) -> tuple[dict[str, Ref], int, dict[str, str]]:
+    entries, header = file_entries(path)
+    refs = {}
+    for entry in entries:
+        refs[entry.name] = Ref(
+            entry.name, entry.dtype, tuple(entry.shape), _reader(path, entry), order
+        )
+        order += 1
+    return refs, order, dict(header)
+
+
+def _reader(path: Path, entry: StoredTensor) -> Callable[[], torch.Tensor]:
+    def read() -> torch.Tensor:
+        buffer = torch.empty(entry.nbytes, dtype=torch.uint8)
+        with path.open("rb", buffering=0) as f:
+            f.seek(entry.start)
+            view, got = buffer.numpy().data, 0
+            while got < entry.nbytes:
+                n = f.readinto(view[got:])
+                if not n:
+                    raise CheckpointError(
+                        f"{path} ended inside {entry.name}: it changed while read."
+                    )
+                got += n
+        return buffer.view(entry.dtype).reshape(entry.shape)
+
+    return read
+
+
+class _DcpTensors:
+    """The tensors of a DCP folder, read in groups of about :data:`GROUP_BYTES` in the order of
+    its metadata; each group is read once when its first tensor is asked for."""
+
+    def __init__(self, folder: Path, meta: Metadata, records: dict[str, FileRecord]) -> None:
+        self.folder, self.meta, self.records = folder, meta, records
+        self.group_of: dict[str, int] = {}
+        self.groups: list[list[str]] = [[]]
+        size = 0
+        for key, md in meta.state_dict_metadata.items():
+            if not isinstance(md, TensorStorageMetadata):
+                continue
+            nbytes = math.prod(md.size) * md.properties.dtype.itemsize
+            if self.groups[-1] and size + nbytes > GROUP_BYTES:
+                self.groups.append([])
+                size = 0
+            self.groups[-1].append(key)
+            self.group_of[key] = len(self.groups) - 1
+            size += nbytes
+        self._held: dict[str, torch.Tensor] = {}
+        self._group = -1
+
+    def read(self, key: str) -> torch.Tensor:
+        group = self.group_of[key]
+        if group != self._group:
+            self._held, self._group = {}, -1  # the group before is dropped first
+            self._held = self.load({k: None for k in self.groups[group]}, tensors=True)
+            self._group = group
+        return self._held[key]
+
+    def load(self, keys: dict[str, None], *, tensors: bool = False) -> dict[str, Any]:
+        """The values of ``keys`` (tensors when ``tensors``, else pickled values), verified."""
+        state: dict[str, Any] = dict(keys)
+        if tensors:
+            for key in keys:
+                md = self.meta.state_dict_metadata[key]
+                assert isinstance(md, TensorStorageMetadata)
+                state[key] = torch.empty(md.size, dtype=md.properties.dtype)
+        try:
+            with warnings.catch_warnings():  # one process reading a sharded folder is meant
+                warnings.simplefilter("ignore", UserWarning)
+                reader = SafeReader(str(self.folder), self.records)
+                dcp_load(state, storage_reader=reader, planner=SafePlanner(), no_dist=True)
+        except CheckpointException as err:
+            causes = [exc for exc, _ in err.failures.values()]
+            raise CheckpointError(
+                f"{self.folder} could not be read ({causes[0] if causes else err}). Use another "
+                "copy of the checkpoint; nothing was written."
+            ) from None
+        return state
+
+
+def _dcp_states(folder: Path, manifest: Manifest) -> States:
+    dcp = folder / "dcp"
+    meta = read_metadata(dcp)
+    records = {
+        name[len("dcp/") :]: record
+        for name, record in manifest.files.items()
+        if name.startswith("dcp/")
+    }
+    tensors = _DcpTensors(dcp, meta, records)
+    flat: dict[str, Any] = tensors.load(
+        {
+            k: None
+            for k, md in meta.state_dict_metadata.items()
+            if not isinstance(md, TensorStorageMetadata)
+        }
+    )
+    stored: dict[str, int] = {}
+    for index in meta.storage_data:
+        stored[index.fqn] = stored.get(index.fqn, 0) + 1
+    for order, (key, md) in enumerate(meta.state_dict_metadata.items()):
+        if isinstance(md, TensorStorageMetadata):
+            pieces = [c for c in md.chunks if math.prod(c.sizes)]
+            flat[key] = Ref(
+                key,
+                md.properties.dtype,
+                tuple(md.size),
+                _group_reader(tensors, key),
+                order,
+                split=len(pieces) > 1,
+            )
+    nested = unflatten_state_dict(flat, meta.planner_data) if meta.planner_data else flat
+    states: States = {}
+    for name in manifest.models:
+        model_stem, optim_stem = stems(name)
+        states[name] = (dict(nested.get(model_stem, {})), dict(nested.get(optim_stem, {})))
+    return states
+
+
+def _group_reader(tensors: _DcpTensors, key: str) -> Callable[[], torch.Tensor]:
+    return lambda: tensors.read(key)
+
+
+def _refs(states: States) -> list[Ref]:
+    found: dict[int, Ref] = {}
+
+    def walk(tree: Any) -> None:
+        if isinstance(tree, Ref):
+            found[id(tree)] = tree
+        elif isinstance(tree, dict):
+            for value in tree.values():
+                walk(value)
+        elif isinstance(tree, (list, tuple)):
+            for value in tree:
+                walk(value)
+
+    walk(states)
+    return sorted(found.values(), key=lambda r: r.order)
+
+
+# -- a replicated output -----------------------------------------------------------------------
+def _write_replicated(
+    tmp: Path, states: States, tied: dict[str, str], wrote: Callable[[int], None]
+) -> tuple[dict[str, FileRecord], dict[str, Any]]:
+    """``model*.safetensors`` and ``optimizer*.safetensors`` as rank 0 of a replicated job
+    writes them; returns their records and the optimizers' plain settings."""
+    metas: dict[str, Any] = {}
+    writer = RecordingWriter(str(tmp))  # its file system hashes each block as it is written
+    for name, (model, optim) in states.items():
+        model_stem, optim_stem = stems(name)
+        tensors, metas[name] = _split_optimizer(optim)
+        files = {f"{model_stem}.safetensors": model}
+        if optim:
+            files[f"{optim_stem}.safetensors"] = tensors
+        for file_name, refs in files.items():
+            entries = {
+                k: StoredTensor(k, r.dtype, list(r.shape), 0, r.nbytes) for k, r in refs.items()
+            }
+            header = {_TIED: tied[file_name]} if file_name in tied else None
+            with writer.fs.create_stream(tmp / file_name, "wb") as f:
+                write_tensors(f, entries, _read_from(refs), metadata=header, wrote=wrote)
+                os.fsync(f.fileno())
+    return dict(writer.records), metas
+
+
+def _split_optimizer(optim: dict[str, Any]) -> tuple[dict[str, Ref], dict[str, Any]]:
+    """:func:`~paratrain.checkpoint.state.flatten_optimizer` of a state whose tensors are refs."""
+    return flatten_optimizer(optim, tensor=lambda value: isinstance(value, Ref))
+
+
+def _read_from(refs: dict[str, Ref]) -> Callable[[str], torch.Tensor]:
+    return lambda key: refs[key].read()
+
+
+# -- an FSDP output ----------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class _Piece:
+    """The rows ``start .. start + rows`` of a tensor, as one rank of the output saves them
+    (``split``: a DTensor's shard; else a whole replicated tensor, saved once)."""
+
+    ref: Ref
+    start: int
+    rows: int
+    split: bool
+
+    def __create_write_items__(self, fqn: str, obj: object) -> list[WriteItem]:
+        shape = self.ref.shape
+        offsets = torch.Size([self.start, *[0] * (len(shape) - 1)] if shape else [])
+        sizes = torch.Size([self.rows, *shape[1:]] if shape else [])
+        return [
+            WriteItem(
+                index=MetadataIndex(fqn, offsets),
+                type=WriteItemType.SHARD if self.split else WriteItemType.TENSOR,
+                tensor_data=TensorWriteData(
+                    chunk=ChunkStorageMetadata(offsets=offsets, sizes=sizes),
+                    properties=TensorProperties(dtype=self.ref.dtype),
+                    size=torch.Size(shape),
+                ),
+            )
+        ]
+
+    def of(self, full: torch.Tensor) -> torch.Tensor:
+        """This piece of the whole tensor, in a storage of its own (torch.save writes the
+        whole storage of a view)."""
+        if not self.split:
+            return full
+        return full.narrow(0, self.start, self.rows).clone()
+
+
+def fsdp_rows(length: int, rank: int, world: int) -> tuple[int, int]:
+    """(first row, rows) of dim 0 that FSDP gives ``rank`` of ``world``: ``torch.chunk``'s
+    split, ceil(length / world) rows a rank, the last ranks short or empty."""
+    per = -(-length // world)
+    start = min(rank * per, length)
+    return start, min(per, length - start)
+
+
+def _sharded(states: States) -> set[int]:
+    """ids of the refs FSDP shards: every parameter (a tensor with optimizer state or in a
+    parameter group, or one the input held in pieces) and its state of the same shape."""
+    sharded: set[int] = set()
+    for model, optim in states.values():
+        params = {fqn for fqn, ref in model.items() if isinstance(ref, Ref) and ref.split}
+        for group in optim.get("param_groups", []):
+            params.update(group.get("params", []))
+        params.update(optim.get("state", {}))
+        flat_keys = [k for k in optim if k.startswith(("state.", "param_groups."))]
+        by_name = sorted(model, key=len, reverse=True)
+        for key in flat_keys:  # a pipeline's flat optimizer: "state.<fqn>.<entry>"
+            rest = key.split(".", 1)[1]
+            params.update(f for f in by_name if rest.startswith(f + "."))
+        for fqn in params:
+            ref = model.get(fqn)
+            if not isinstance(ref, Ref) or not ref.shape:
+                continue
+            sharded.add(id(ref))
+            entries = optim.get("state", {}).get(fqn, {})
+            entries = {
+                **entries,
+                **{k: v for k, v in optim.items() if k.startswith(f"state.{fqn}.")},
+            }
+            for value in entries.values():
+                if isinstance(value, Ref) and value.shape == ref.shape:
+                    sharded.add(id(value))
+    return sharded
+
+
+def _rank_tree(tree: Any, rank: int, world: int, sharded: set[int]) -> Any:
+    if isinstance(tree, Ref):
+        if id(tree) in sharded:
+            start, rows = fsdp_rows(tree.shape[0], rank, world)
+            return _Piece(tree, start, rows, split=True)
+        return _Piece(tree, 0, tree.shape[0] if tree.shape else 0, split=False)
+    if isinstance(tree, dict):
+        return {k: _rank_tree(v, rank, world, sharded) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_rank_tree(v, rank, world, sharded) for v in tree]
+    return tree
+
+
+def _write_dcp(
+    folder: Path, states: States, world: int, wrote: Callable[[int], None]
+) -> dict[str, FileRecord]:
+    """Write ``states`` as the DCP folder ``world`` FSDP ranks would save: DCP's own planner
+    plans every rank's items (and which rank writes each replicated one); each tensor is then
+    read once and its pieces appended to the files of the ranks that hold them."""
+    folder.mkdir()
+    sharded = _sharded(states)
+    tree: dict[str, Any] = {}
+    for name, (model, optim) in states.items():
+        model_stem, optim_stem = stems(name)
+        tree[model_stem] = model
+        if optim:
+            tree[optim_stem] = optim
+    writer = RecordingWriter(str(folder), sync_files=True, overwrite=False)
+    writer.set_up_storage_writer(True)
+    planners = [DefaultSavePlanner() for _ in range(world)]
+    plans = []
+    for rank, planner in enumerate(planners):
+        planner.set_up_planner(
+            state_dict=_rank_tree(tree, rank, world, sharded),
+            storage_meta=writer.storage_meta(),
+            is_coordinator=rank == 0,
+        )
+        plans.append(writer.prepare_local_plan(planner.create_local_plan()))
+    plans, metadata = planners[0].create_global_plan(plans)
+    plans = writer.prepare_global_plan(plans)
+    work: dict[int, list[tuple[int, WriteItem, _Piece]]] = {}
+    results: list[list[WriteResult]] = [[] for _ in range(world)]
+    with contextlib.ExitStack() as stack:
+        files = {
+            rank: stack.enter_context(writer.fs.create_stream(folder / f"__{rank}_0.distcp", "wb"))
+            for rank in range(world)
+        }
+
+        def put(rank: int, item: WriteItem, write: Callable[[Any], object]) -> None:
+            f = files[rank]
+            offset = f.tell()
+            write(f)
+            length = f.tell() - offset
+            results[rank].append(
+                WriteResult(
+                    index=item.index,
+                    size_in_bytes=length,
+                    storage_data=_StorageInfo(f"__{rank}_0.distcp", offset, length),
+                )
+            )
+
+        for rank, (planner, plan) in enumerate(zip(planners, plans, strict=True)):
+            planner.finish_plan(plan)
+            for item in plan.items:
+                if item.type == WriteItemType.BYTE_IO:
+                    data = planner.resolve_data(item)
+                    put(rank, item, _bytes_writer(data))
+                    continue
+                piece = planner.state_dict[item.index.fqn]
+                assert isinstance(piece, _Piece)
+                work.setdefault(piece.ref.order, []).append((rank, item, piece))
+        for order in sorted(work):
+            holders = work[order]
+            full = holders[0][2].ref.read().contiguous()
+            for rank, item, piece in holders:
+                put(rank, item, _tensor_writer(piece.of(full)))
+            wrote(holders[0][2].ref.nbytes)
+            del full
+        for f in files.values():
+            os.fsync(f.fileno())
+    writer.finish(metadata, results)
+    return dict(writer.records)
+
+
+def _bytes_writer(data: Any) -> Callable[[Any], object]:
+    return lambda f: f.write(data.getbuffer())
+
+
+def _tensor_writer(tensor: torch.Tensor) -> Callable[[Any], object]:
+    return lambda f: torch.save(tensor, f)  # each tensor as DCP's FileSystemWriter writes it
+
+
+# -- the manifest -----------------------------------------------------------------------------
+def _target_manifest(source: Manifest, layout: str, world: int) -> Manifest:
+    trained: dict[str, Any] | None = source.trained or {
+        "strategy": source.strategy,
+        "world_size": source.world_size,
+        "mesh": source.mesh,
+    }
+    if trained is not None and (trained["world_size"], trained.get("mesh")) == (world, None):
+        trained = None  # back at the layout that trained it: its per-rank state fits again
+    return Manifest(
+        paratrain_version=__version__,
+        torch_version=torch.__version__,
+        layout="sharded" if layout == "fsdp" else "replicated",
+        strategy={"fsdp": "fsdp", "ddp": "ddp", "single": "cpu"}[layout],
+        world_size=world,
+        mesh=None,
+        trained=trained,
+        per_rank_batch=source.per_rank_batch,
+        grad_accum=source.grad_accum,
+        epoch=source.epoch,
+        step=source.step,
+        samples_in_epoch=source.samples_in_epoch,
+        created=0.0,
+        run_id=source.run_id,
+        lineage=source.lineage,
+        models=list(source.models),
+    )

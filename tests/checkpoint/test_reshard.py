@@ -1,0 +1,253 @@
+"""``paratrain ckpt reshard``: a training state rewritten offline for another layout resumes
+exactly as the original checkpoint resumes in-job.
+
+A 2-rank FSDP job and a 2-stage pipeline (dropout, a shuffled loader, AdamW and StepLR) save at
+step 3. Offline, the FSDP checkpoint is rewritten for one process, DDP at 2 ranks and FSDP at 2
+and 4 ranks, the pipeline's for FSDP at 2 and 4. Each world size then resumes twice for three
+steps, from the original checkpoint and from the rewritten one: losses, weights, optimizer state
+and the learning rate agree bit for bit. An FSDP rewrite holds the very chunks, in the very
+files, that an FSDP job at that world size saves. One process: a round trip gives back every
+byte, and bad input is named with nothing written.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+import paratrain as pt
+from paratrain.checkpoint.dcp_io import read_metadata
+from paratrain.checkpoint.inspection import inspect
+from paratrain.checkpoint.manifest import Manifest
+from paratrain.checkpoint.reshard import fsdp_rows, reshard
+from paratrain.checkpoint.restore import load_trainer
+from paratrain.commands.cli import main
+from paratrain.errors import CheckpointError
+from tests.support.distributed import run_distributed
+from tests.support.training import dataset, mlp
+
+SAVE_AT, MORE = 3, 3
+TARGETS = {1: [("single", "cpu")], 2: [("fsdp", "fsdp"), ("ddp", "ddp")], 4: [("fsdp", "fsdp")]}
+"""World size -> (reshard layout, strategy that resumes it)."""
+SOURCES = ("fsdp", "pipeline")
+"""The strategies of the 2-rank jobs that write the checkpoints to reshard."""
+
+
+def _train(ckpt: str, strategy: str, *, resume: bool) -> Any:
+    """Train to SAVE_AT and save, or resume and train MORE steps."""
+    with pt.Run(strategy=strategy, progress=False, ckpt_dir=ckpt, seed=0) as run:
+        torch.manual_seed(0)
+        net = nn.Sequential(mlp(), nn.Dropout(0.3))
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-2, weight_decay=0.01)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.8)
+        model, opt = run.setup(net, opt, loss_fn=nn.functional.cross_entropy)
+        loader = run.loader(dataset(40), batch_size=8 // run.data_size, shuffle=True)
+        stop = SAVE_AT
+        if resume:
+            run.resume()
+            stop = run.global_step + MORE
+        losses = []
+        for _ in run.epochs(4):
+            for x, y in loader:
+                loss = model(x, target=y)
+                run.backward(loss)
+                run.step(opt, sched)
+                losses.append(loss.item())
+                if run.global_step == stop:
+                    break
+            if run.global_step == stop:
+                break
+        if not resume:
+            run.save()
+            return None
+        state = opt.state_dict()["state"]
+        return {
+            "losses": losses,
+            "step": run.global_step,
+            "weights": run.strategy.full_state_dict(model),
+            "optim": {
+                f"{i}.{k}": v.full_tensor() if hasattr(v, "full_tensor") else v
+                for i, entries in state.items()
+                for k, v in entries.items()
+            },
+            "lr": sched.get_last_lr(),
+        }
+
+
+def _newest(ckpt: str) -> Path:
+    return sorted(Path(ckpt).glob("step-*"))[-1]
+
+
+def _write(root: str) -> None:
+    for source in SOURCES:
+        _train(f"{root}/{source}", source, resume=False)
+
+
+def _resume_both(root: str, world: int) -> dict[tuple[str, str, str], Any]:
+    ended = {}
+    for source in SOURCES:
+        for layout, strategy in _targets(source, world):
+            ended[source, layout, "in-job"] = _train(f"{root}/{source}", strategy, resume=True)
+            ended[source, layout, "offline"] = _train(
+                f"{root}/{source}-{layout}-{world}", strategy, resume=True
+            )
+    if world > 1:  # what an FSDP job of this size saves, for the layout of its files
+        _save_fsdp(f"{root}/saved-{world}")
+    return ended
+
+
+def _targets(source: str, world: int) -> list[tuple[str, str]]:
+    """A pipeline's optimizer settings are per parameter: only a sharded layout holds them."""
+    return [t for t in TARGETS[world] if source == "fsdp" or t[0] == "fsdp"]
+
+
+def _save_fsdp(ckpt: str) -> None:
+    with pt.Run(strategy="fsdp", progress=False, ckpt_dir=ckpt, seed=0) as run:
+        torch.manual_seed(0)
+        net = nn.Sequential(mlp(), nn.Dropout(0.3))
+        model, opt = run.setup(net, torch.optim.AdamW(net.parameters(), lr=1e-2))
+        run.backward(model(torch.randn(4, 6)).square().mean())
+        run.step(opt)
+        run.save()
+
+
+def _launch(fn: Any, world: int, *args: Any) -> Any:
+    if world == 1:
+        return fn(*args)
+    return run_distributed(fn, world, *args, timeout=300)[0]
+
+
+def _layout_of(folder: Path) -> dict[tuple[str, tuple[int, ...]], tuple[tuple[int, ...], str]]:
+    """(key, chunk offsets) -> (chunk sizes, file) of every tensor chunk of a DCP folder."""
+    meta = read_metadata(folder / "dcp")
+    layout = {}
+    for key, md in meta.state_dict_metadata.items():
+        for chunk in getattr(md, "chunks", []):
+            info = meta.storage_data[type(next(iter(meta.storage_data)))(key, chunk.offsets)]
+            layout[(key, tuple(chunk.offsets))] = (tuple(chunk.sizes), info.relative_path)
+    return layout
+
+
+@pytest.mark.dist
+def test_offline_reshard_resumes_as_the_original_does_at_1_2_and_4_ranks(tmp_path: Path) -> None:
+    root = str(tmp_path)
+    _launch(_write, 2, root)
+    for source in SOURCES:
+        for world in TARGETS:
+            for layout, _ in _targets(source, world):
+                out = Path(f"{root}/{source}-{layout}-{world}")
+                reshard(_newest(f"{root}/{source}"), out, layout=layout, world=world)
+    for world in TARGETS:
+        ended = _launch(_resume_both, world, root, world)
+        assert len(ended) == 2 * len(TARGETS[world]) + 2 * (world != 1)
+        for (source, layout, path), offline in ended.items():
+            if path == "in-job":
+                continue
+            job, cell = ended[source, layout, "in-job"], (source, layout, world)
+            assert offline["step"] == job["step"] == SAVE_AT + MORE
+            assert offline["losses"] == job["losses"], cell
+            assert offline["lr"] == job["lr"]
+            for part in ("weights", "optim"):
+                assert offline[part].keys() == job[part].keys()
+                for key, value in job[part].items():
+                    assert torch.equal(offline[part][key], value), (cell, part, key)
+        if world > 1:  # the rewrite holds what an FSDP job of this size writes, where it does
+            saved = _layout_of(_newest(f"{root}/saved-{world}"))
+            rewritten = _layout_of(_newest(f"{root}/fsdp-fsdp-{world}"))
+            model_chunks = {k: v for k, v in rewritten.items() if k[0].startswith("model.")}
+            assert len(model_chunks) == 6 * world  # 3 layers' weights and biases, every rank
+            assert model_chunks == {k: v for k, v in saved.items() if k[0].startswith("model.")}
+            moments = {k: v for k, v in rewritten.items() if "exp_avg" in k[0]}
+            assert moments == {k: v for k, v in saved.items() if "exp_avg" in k[0]}
+
+
+# -- one process ------------------------------------------------------------------------------
+@pytest.fixture
+def saved(tmp_path: Path) -> Path:
+    """A one-process checkpoint at step 3 (AdamW moments, StepLR, loader position)."""
+    _train(str(tmp_path / "one"), "cpu", resume=False)
+    return _newest(str(tmp_path / "one"))
+
+
+def _cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    try:
+        code = main(["ckpt", "reshard", *args])
+    except SystemExit as exit_info:
+        code = int(exit_info.code or 0)
+    out = capsys.readouterr()
+    return code, out.out, " ".join(out.err.split())
+
+
+def test_a_round_trip_through_fsdp_gives_back_every_byte(
+    saved: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """one process -> FSDP at 3 ranks -> one process: the same tensors, the same trainer state,
+    and no trace of the detour (the per-rank state belongs to one process again)."""
+    code, out, _ = _cli([str(saved), str(tmp_path / "f3"), "--to-layout", "fsdp", "--world", "3"],
+                        capsys)  # fmt: skip
+    assert code == 0 and "fsdp at 3 rank(s), step 3" in out, out
+    sharded = tmp_path / "f3" / saved.name
+    manifest = Manifest.read(sharded)
+    assert (manifest.layout, manifest.world_size, manifest.format_version) == ("sharded", 3, 6)
+    assert manifest.trained == {"strategy": "cpu", "world_size": 1, "mesh": None}
+    assert manifest.global_batch == 8  # the batch that trained it, not 3 ranks' worth
+    assert "resharded offline" in inspect(sharded)["saved_by"]["trained_by"]
+    sizes_of = read_metadata(sharded / "dcp").state_dict_metadata
+    chunks = _layout_of(sharded)
+    for (key, offsets), (sizes, file) in chunks.items():
+        if key.startswith("model.") or "exp_avg" in key:  # FSDP's rows, each in its rank's file
+            rank = int(file.split("_")[2])
+            length = sizes_of[key].size[0]  # type: ignore[union-attr]
+            assert (offsets[0], sizes[0]) == fsdp_rows(length, rank, 3), (key, file)
+    assert {file for _, file in chunks.values()} == {f"__{r}_0.distcp" for r in range(3)}
+    assert _cli([str(sharded), str(tmp_path / "back"), "--to-layout", "single"], capsys)[0] == 0
+    back = tmp_path / "back" / saved.name
+    assert Manifest.read(back).trained is None
+    for name in ("model.safetensors", "optimizer.safetensors"):
+        before, after = load_file(str(saved / name)), load_file(str(back / name))
+        assert before.keys() == after.keys()
+        assert all(torch.equal(before[k], after[k]) for k in before), name
+    before, after = load_trainer(saved), load_trainer(back)
+    assert before.keys() == after.keys()
+    assert before["optimizer_meta"] == after["optimizer_meta"]
+    assert before["loop"] == after["loop"] and before["schedulers"] == after["schedulers"]
+    pairs = zip(before["rng"], after["rng"], strict=True)
+    assert all(torch.equal(a["torch"], b["torch"]) for a, b in pairs)
+
+
+def test_bad_input_is_named_and_nothing_is_written(
+    saved: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    code, _, err = _cli([str(saved), str(out), "--to-layout", "fsdp"], capsys)
+    assert code == 2 and "needs --world N" in err
+    code, _, err = _cli([str(saved), str(out), "--to-layout", "single", "--world", "2"], capsys)
+    assert code == 2 and "--to-layout ddp --world 2" in err
+    code, _, err = _cli([str(saved), str(out), "--to-layout", "tp", "--world", "2"], capsys)
+    assert code == 2 and "invalid choice" in err
+    code, _, err = _cli([str(tmp_path / "none"), str(out), "--to-layout", "single"], capsys)
+    assert code == 2 and "is not a folder" in err
+    damaged = tmp_path / "damaged" / saved.name
+    damaged.parent.mkdir()
+    shutil.copytree(saved, damaged)
+    data = bytearray((damaged / "optimizer.safetensors").read_bytes())
+    data[-1] ^= 0xFF
+    (damaged / "optimizer.safetensors").write_bytes(bytes(data))
+    code, _, err = _cli([str(damaged), str(out), "--to-layout", "ddp", "--world", "2"], capsys)
+    assert code == 2 and "is damaged" in err and "optimizer.safetensors" in err
+    code, _, err = _cli([str(damaged.parent), str(out), "--to-layout", "ddp", "--world", "2"],
+                        capsys)  # fmt: skip
+    assert code == 2 and "no intact paratrain checkpoint" in err
+    assert not out.exists() or not any(out.iterdir())
+    assert _cli([str(saved.parent), str(out), "--to-layout", "ddp", "--world", "2"], capsys)[0] == 0
+    code, _, err = _cli([str(saved), str(out), "--to-layout", "fsdp", "--world", "2"], capsys)
+    assert code == 2 and "already exists" in err
+    assert [p.name for p in out.iterdir()] == [saved.name]  # no staging folder left behind
+    with pytest.raises(CheckpointError, match="not a number of ranks"):
+        reshard(saved, tmp_path / "x", layout="fsdp", world=0)
