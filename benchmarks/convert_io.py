@@ -1,7 +1,9 @@
-"""``paratrain ckpt convert`` between every pair of formats: seconds, peak memory, ratio to raw I/O.
+"""``paratrain ckpt convert`` between every pair of formats, and ``ckpt reshard`` of a training
+state between layouts: seconds, peak memory, ratio to raw I/O.
 
     python benchmarks/convert_io.py                 # 256 MiB of 16 MiB tensors, 3 repeats
     python benchmarks/convert_io.py --mib 1024 --repeats 1
+    python benchmarks/convert_io.py --only reshard  # the reshard rows alone
 
 The state: fp32 tensors of 16 MiB each (``--mib`` in all), written once in each input format
 (``pt``: torch.save; ``safetensors``: one file; ``hf``: a folder of 100 MB shards and its index;
@@ -13,6 +15,11 @@ fsynced. The table shows, per pair, the
 median seconds, the ratio raw ÷ convert (higher is better; target 0.9), and the peak over the
 baseline (target: at most 2 × the largest tensor + 1 GiB). The page cache is warm (each input was
 just written or read).
+
+The reshard rows start from a paratrain checkpoint of one process holding the same tensors as
+parameters with SGD momentum (as much optimizer state again: twice the bytes in all), and rewrite
+it for FSDP at 4 ranks (a DCP folder, each rank's rows in its own file), that for FSDP at 2, and
+that for one process again.
 """
 
 from __future__ import annotations
@@ -48,10 +55,18 @@ print(took, int(hwm.split()[1]) * 1024)  # this process's own peak (ru_maxrss ke
 """
 
 
+RESHARDS = (("one process", "fsdp", 4), ("fsdp 4", "fsdp", 2), ("fsdp 2", "single", 1))
+"""(input, --to-layout, --world): each row reads the previous row's output."""
+
+
 def _run(src: Path, dst: Path, to: str) -> tuple[float, int]:
     args = [sys.executable, "-c", CHILD, str(src), str(dst), "--to", to]
     if to == "hf":
         args += ["--max-shard-size", "100MB"]
+    elif to.startswith("reshard "):  # "reshard fsdp 4"
+        _, layout, world = to.split()
+        args = [sys.executable, "-c", CHILD.replace('"convert"', '"reshard"'), str(src), str(dst),
+                "--to-layout", layout, "--world", world]  # fmt: skip
     done = subprocess.run(args, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
         raise SystemExit(f"{src.name} -> {to} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
@@ -89,15 +104,57 @@ def _inputs(folder: Path, mib: int) -> dict[str, Path]:
     return paths
 
 
+def _training_state(folder: Path, mib: int) -> Path:
+    """A one-process paratrain checkpoint: ``mib`` of parameters and their SGD momentum."""
+    import paratrain as pt
+
+    count = max(1, mib // TENSOR_MIB)
+    model = torch.nn.ParameterList(
+        torch.nn.Parameter(torch.full((TENSOR_MIB * 2**20 // 4,), float(i))) for i in range(count)
+    )
+    with pt.Run(strategy="cpu", ckpt_dir=folder / "train", progress=False) as run:
+        model, opt = run.setup(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+        run.backward(sum(p.sum() for p in model.parameters()))
+        run.step(opt)
+        run.save()
+    return next((folder / "train").glob("step-*"))
+
+
+def _reshard_rows(folder: Path, mib: int, repeats: int, baseline: int) -> None:
+    src = _training_state(folder, mib)
+    for r, (name, layout, world) in enumerate(RESHARDS):
+        times, raws, peaks = [], [], []
+        for k in range(repeats):
+            out = folder / f"reshard-{r}-{k}"
+            seconds, peak = _run(src, out, f"reshard {layout} {world}")
+            raws.append(_raw_copy(src, folder / "raw.bin"))
+            times.append(seconds)
+            peaks.append(peak - baseline)
+            if k < repeats - 1:
+                shutil.rmtree(out)
+        src = next(out.glob("step-*"))
+        _row(name, f"reshard {layout} {world}", times, raws, peaks)
+
+
+def _row(src: str, to: str, times: list[float], raws: list[float], peaks: list[int]) -> None:
+    ratios = [raw / t for raw, t in zip(raws, times, strict=True)]
+    print(
+        f"| {src} | {to} | {statistics.median(times):.2f} | {statistics.median(raws):.2f} | "
+        f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f}) | "
+        f"{max(peaks) / 2**20:.0f} |",
+        flush=True,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mib", type=int, default=256, help="state size (16 MiB tensors)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dir", type=Path, default=None, help="where to write (default: tmp)")
+    parser.add_argument("--only", choices=("convert", "reshard"), default=None)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         folder = Path(tmp)
-        inputs = _inputs(folder, args.mib)
         torch.save({"w": torch.zeros(4)}, folder / "tiny.pt")
         _, baseline = _run(folder / "tiny.pt", folder / "tiny-out.pt", "pt")
         print(
@@ -107,24 +164,22 @@ def main() -> None:
         )
         print("| from | to | convert median s | raw copy median s | ratio (min–max) | peak MiB |")
         print("|---|---|---:|---:|---:|---:|")
-        for src_fmt in FORMATS:
-            for to in FORMATS:
-                times, raws, peaks = [], [], []
-                for r in range(args.repeats):
-                    out = folder / f"out-{src_fmt}-{to}-{r}"
-                    seconds, peak = _run(inputs[src_fmt], out, to)
-                    raws.append(_raw_copy(inputs[src_fmt], folder / "raw.bin"))
-                    times.append(seconds)
-                    peaks.append(peak - baseline)
-                    shutil.rmtree(out, ignore_errors=True)
-                    out.unlink(missing_ok=True)
-                ratios = [raw / t for raw, t in zip(raws, times, strict=True)]
-                print(
-                    f"| {src_fmt} | {to} | {statistics.median(times):.2f} | "
-                    f"{statistics.median(raws):.2f} | {statistics.median(ratios):.2f} "
-                    f"({min(ratios):.2f}–{max(ratios):.2f}) | {max(peaks) / 2**20:.0f} |",
-                    flush=True,
-                )
+        if args.only != "reshard":
+            inputs = _inputs(folder, args.mib)
+            for src_fmt in FORMATS:
+                for to in FORMATS:
+                    times, raws, peaks = [], [], []
+                    for r in range(args.repeats):
+                        out = folder / f"out-{src_fmt}-{to}-{r}"
+                        seconds, peak = _run(inputs[src_fmt], out, to)
+                        raws.append(_raw_copy(inputs[src_fmt], folder / "raw.bin"))
+                        times.append(seconds)
+                        peaks.append(peak - baseline)
+                        shutil.rmtree(out, ignore_errors=True)
+                        out.unlink(missing_ok=True)
+                    _row(src_fmt, to, times, raws, peaks)
+        if args.only != "convert":
+            _reshard_rows(folder, args.mib, args.repeats, baseline)
 
 
 if __name__ == "__main__":

@@ -244,10 +244,22 @@ def test_bad_input_is_named_and_nothing_is_written(
     code, _, err = _cli([str(damaged.parent), str(out), "--to-layout", "ddp", "--world", "2"],
                         capsys)  # fmt: skip
     assert code == 2 and "no intact paratrain checkpoint" in err
-    assert not out.exists() or not any(out.iterdir())
+    assert not out.exists()
     assert _cli([str(saved.parent), str(out), "--to-layout", "ddp", "--world", "2"], capsys)[0] == 0
     code, _, err = _cli([str(saved), str(out), "--to-layout", "fsdp", "--world", "2"], capsys)
     assert code == 2 and "already exists" in err
     assert [p.name for p in out.iterdir()] == [saved.name]  # no staging folder left behind
+    sharded = next((out / saved.name / "dcp").glob("__1_*"), None)
+    assert sharded is None  # out holds the ddp rewrite; make a sharded one to damage
+    assert _cli([str(saved), str(tmp_path / "f2"), "--to-layout", "fsdp", "--world", "2"],
+                capsys)[0] == 0  # fmt: skip
+    shard = tmp_path / "f2" / saved.name / "dcp" / "__1_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # inside a tensor: only reading it finds the damage
+    shard.write_bytes(bytes(data))
+    code, _, err = _cli([str(shard.parents[1]), str(tmp_path / "f2b"), "--to-layout", "single"],
+                        capsys)  # fmt: skip
+    assert code == 2 and "__1_0.distcp" in err, err
+    assert not (tmp_path / "f2b").exists()
     with pytest.raises(CheckpointError, match="not a number of ranks"):
         reshard(saved, tmp_path / "x", layout="fsdp", world=0)

@@ -128,7 +128,25 @@ def reshard(
             f"{final} already exists. Give another output folder, or move it away; nothing was "
             "written."
         )
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
+    try:
+        return _rewrite(folder, manifest, out, final, layout, world, progress)
+    except BaseException:
+        if created:
+            shutil.rmtree(out, ignore_errors=True)  # made here, holding nothing committed
+        raise
+
+
+def _rewrite(
+    folder: Path,
+    manifest: Manifest,
+    out: Path,
+    final: Path,
+    layout: str,
+    world: int,
+    progress: Callable[[int, int], None] | None,
+) -> dict[str, Any]:
     trainer = load_trainer(folder)
     states, tied = _read_states(folder, manifest, trainer)
     total = sum(r.nbytes for r in _refs(states))
@@ -185,12 +203,29 @@ def _source(src: Path) -> tuple[Path, Manifest]:
             )
         return found
     manifest = Manifest.read(src)
-    problems = manifest.verify(src)
+    problems = _problems(src, manifest)
     if problems:
         raise CheckpointError(
             f"{src} is damaged: {'; '.join(problems)}. Use another checkpoint; nothing was written."
         )
     return src, manifest
+
+
+def _problems(folder: Path, manifest: Manifest) -> list[str]:
+    """What is wrong with the checkpoint's files. DCP shards are only checked for presence and
+    size here: DCP's reader verifies each block as it reads it (a second pass would double the
+    reading); the others are read raw later, so they are verified now."""
+    problems = []
+    for name, record in manifest.files.items():
+        path = folder / name
+        if name.startswith("dcp/") and name != "dcp/.metadata":
+            size = path.stat().st_size if path.is_file() else None
+            problem = None if size == record.bytes else f"{name} is missing or resized"
+        else:
+            problem = record.problem(path)
+        if problem:
+            problems.append(problem.replace(path.name, name, 1))
+    return problems
 
 
 def _reads_pipeline(folder: Path, manifest: Manifest) -> bool:
