@@ -54,7 +54,6 @@ from paratrain.checkpoint.manifest import FileRecord
 from paratrain.checkpoint.saved_tensor import MemoryFile, saved_tensor
 from paratrain.checkpoint.verified_reads import (
     BlockDigests,
-    map_windows_verified,
     read_windows_verified,
 )
 from paratrain.errors import CheckpointDamagedError, CheckpointError
@@ -254,13 +253,15 @@ def _empty_like_stored(folder: Path, meta: Metadata, fqn: str) -> torch.Tensor:
 class SafeReader(FileSystemReader):
     """A FileSystemReader whose metadata is unpickled with an allow-list and checked.
 
-    Given ``records`` (file name -> FileRecord, from a paratrain manifest), each data file is
-    verified before any of its bytes are used. A file checked per block is read from disk once,
-    only in the blocks that hold this rank's items, through a small reused buffer that checks
-    them all; then each item is copied into its tensor straight from the page cache through a
-    read-only mapping, its blocks checked again one window ahead (no second read into a buffer,
-    no fresh copy of the shard, whose page faults cost more than the read). An older file is
-    read whole. A damaged file raises CheckpointDamagedError.
+    Given ``records`` (file name -> FileRecord, from a paratrain manifest), every byte is
+    verified before it is used. A file checked per block is read once, only in the blocks that
+    hold this rank's items, window by window through one reused buffer: each window's blocks
+    are checked, then its items copied into their tensors (no second pass, no fresh copy of the
+    shard, whose page faults cost more than the read). Items written by paratrain start aligned
+    in the file (see ``_HashedFile.tell``), so each tensor is copied from the buffer in place.
+    An older file is read whole. A damaged block raises CheckpointDamagedError before any byte
+    of its window is used; items of earlier windows may be loaded by then, which a resume
+    handles as any load that fails part way (it loads an older checkpoint over them, or stops).
     """
 
     def __init__(
@@ -296,9 +297,7 @@ class SafeReader(FileSystemReader):
                 continue
             assert record.block_bytes is not None
             shape = (path, record.bytes, record.block_bytes, record.blocks, ranges)
-            for _ in read_windows_verified(*shape):  # this rank's blocks, read once and checked
-                pass  # before any of them is loaded: a damaged file leaves the state untouched
-            for buffer, base, members in map_windows_verified(*shape, populate=False):
+            for buffer, base, members in read_windows_verified(*shape):  # read once, checked
                 for i in members:
                     self._load_item(items[i], infos[i], buffer, planner, base)
         done: Future[None] = Future()
@@ -375,11 +374,16 @@ class _HashedFile(io.RawIOBase):
         self._blocks = BlockDigests()
         self._size = 0
         self._started = 0  # bytes whose write-back has been started
+        self._told = False  # the last call was tell(): the next tell() starts an item
 
     def writable(self) -> bool:
         return True
 
     def write(self, data: Any) -> int:
+        self._told = False
+        return self._write(data)
+
+    def _write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
         self._file.write(view)
         self._blocks.update(view)
@@ -391,6 +395,14 @@ class _HashedFile(io.RawIOBase):
         return view.nbytes
 
     def tell(self) -> int:
+        """The position. DCP's writer asks for it before and after each item it writes; two
+        calls in a row are the end of one item and the start of the next, and the next item
+        then starts at a multiple of :data:`ITEM_ALIGN` (zero bytes between): the tensor data
+        inside it lies aligned in the file, so a reader views it in place instead of copying
+        it to an aligned buffer first."""
+        if self._told and self._size % ITEM_ALIGN:
+            self._write(bytes(ITEM_ALIGN - self._size % ITEM_ALIGN))
+        self._told = True
         return self._size
 
     def fileno(self) -> int:
@@ -412,6 +424,9 @@ class _HashedFile(io.RawIOBase):
 
 
 _WRITEBACK_EVERY = 16 * 2**20
+ITEM_ALIGN = 64
+"""Items of a DCP file start at multiples of this (``torch.save`` aligns a tensor's data to 64
+bytes within its record, so the data is aligned in the file too)."""
 
 
 class _RecordingFileSystem(FileSystem):

@@ -569,6 +569,7 @@ def _write_dcp(
 
         def put(rank: int, item: WriteItem, write: Callable[[Any], object]) -> None:
             f = files[rank]
+            f.tell()  # two calls in a row: the item starts aligned, as DCP's items do here
             offset = f.tell()
             write(f)
             length = f.tell() - offset
