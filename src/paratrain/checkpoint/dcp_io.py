@@ -250,6 +250,68 @@ def _empty_like_stored(folder: Path, meta: Metadata, fqn: str) -> torch.Tensor:
     return torch.empty(entry.size, dtype=dtype)
 
 
+GROUP_BYTES = 256 * 2**20
+"""Tensors of a DCP folder read together by :class:`DcpTensors` (one pass of DCP's reader per
+group)."""
+
+
+class DcpTensors:
+    """The tensors of a DCP folder, one at a time, read in groups of about :data:`GROUP_BYTES`
+    in the order of its metadata: asking for a tensor reads its group (dropping the group held
+    before), and hands each tensor over once (the caller holds it from then on).
+
+        tensors = DcpTensors(folder, read_metadata(folder), records)   # records: None, unverified
+        for key in tensors.group_of:
+            write(key, tensors.read(key))
+    """
+
+    def __init__(
+        self, folder: Path, meta: Metadata, records: Mapping[str, FileRecord] | None
+    ) -> None:
+        self.folder, self.meta, self.records = folder, meta, records
+        self.group_of: dict[str, int] = {}
+        self.groups: list[list[str]] = [[]]
+        size = 0
+        for key, md in meta.state_dict_metadata.items():
+            if not isinstance(md, TensorStorageMetadata):
+                continue
+            nbytes = math.prod(md.size) * md.properties.dtype.itemsize
+            if self.groups[-1] and size + nbytes > GROUP_BYTES:
+                self.groups.append([])
+                size = 0
+            self.groups[-1].append(key)
+            self.group_of[key] = len(self.groups) - 1
+            size += nbytes
+        self._held: dict[str, torch.Tensor] = {}
+
+    def read(self, key: str) -> torch.Tensor:
+        if key not in self._held:
+            self._held = {}  # the group before is dropped first
+            self._held = self.load(dict.fromkeys(self.groups[self.group_of[key]]), tensors=True)
+        return self._held.pop(key)
+
+    def load(self, keys: dict[str, None], *, tensors: bool = False) -> dict[str, Any]:
+        """The values of ``keys`` (tensors when ``tensors``, else pickled values), verified."""
+        state: dict[str, Any] = dict(keys)
+        if tensors:
+            for key in keys:
+                md = self.meta.state_dict_metadata[key]
+                assert isinstance(md, TensorStorageMetadata)
+                state[key] = torch.empty(md.size, dtype=md.properties.dtype)
+        try:
+            with warnings.catch_warnings():  # one process reading a sharded folder is meant
+                warnings.simplefilter("ignore", UserWarning)
+                reader = SafeReader(str(self.folder), self.records)
+                dcp_load(state, storage_reader=reader, planner=SafePlanner(), no_dist=True)
+        except CheckpointException as err:
+            causes = [exc for exc, _ in err.failures.values()]
+            raise CheckpointError(
+                f"{self.folder} could not be read ({causes[0] if causes else err}). Use another "
+                "copy of the checkpoint; nothing was written."
+            ) from None
+        return state
+
+
 class SafeReader(FileSystemReader):
     """A FileSystemReader whose metadata is unpickled with an allow-list and checked.
 

@@ -47,7 +47,7 @@ from paratrain.checkpoint.restore import load_trainer
 from paratrain.checkpoint.safetensors_io import write_safetensors
 from paratrain.checkpoint.storage import url_of
 from paratrain.checkpoint.store import PREFIX
-from paratrain.checkpoint.streamed import safetensors_source, write_hf_folder, write_streamed
+from paratrain.checkpoint.streamed import streamed_source, write_hf_folder, write_streamed
 from paratrain.core.paths import check_new, existing
 from paratrain.errors import CheckpointError
 
@@ -268,7 +268,7 @@ def convert(
     source = (
         None
         if is_url(src) or to not in ("safetensors", "hf")
-        else safetensors_source(existing(src, "The checkpoint path", CheckpointError))
+        else streamed_source(existing(src, "The checkpoint path", CheckpointError))
     )
     if source is not None:  # safetensors in and out: one tensor in memory at a time
         names = _output_names(list(source.entries), src, rename)

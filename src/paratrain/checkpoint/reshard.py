@@ -26,7 +26,6 @@ import math
 import os
 import shutil
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,12 +33,10 @@ from typing import Any
 
 import torch
 from torch.distributed.checkpoint._nested_dict import unflatten_state_dict
-from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import (
     ChunkStorageMetadata,
-    Metadata,
     MetadataIndex,
     TensorProperties,
     TensorStorageMetadata,
@@ -49,10 +46,9 @@ from torch.distributed.checkpoint.planner import (
     WriteItem,
     WriteItemType,
 )
-from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.storage import WriteResult
 
-from paratrain.checkpoint.dcp_io import RecordingWriter, SafePlanner, SafeReader, read_metadata
+from paratrain.checkpoint.dcp_io import DcpTensors, RecordingWriter, read_metadata
 from paratrain.checkpoint.manifest import MANIFEST, FileRecord, Manifest
 from paratrain.checkpoint.restore import _flat_optimizer, load_trainer, stems
 from paratrain.checkpoint.safetensors_io import StoredTensor, file_entries
@@ -65,9 +61,6 @@ from paratrain.errors import CheckpointError
 LAYOUTS = ("fsdp", "ddp", "single")
 """Target layouts: FSDP over ``world`` ranks (sharded), DDP over ``world`` ranks or one process
 (one full copy)."""
-
-GROUP_BYTES = 256 * 2**20
-"""Tensors of a DCP input read together (one pass of DCP's reader per group)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -301,58 +294,6 @@ def _reader(path: Path, entry: StoredTensor) -> Callable[[], torch.Tensor]:
     return read
 
 
-class _DcpTensors:
-    """The tensors of a DCP folder, read in groups of about :data:`GROUP_BYTES` in the order of
-    its metadata; each group is read once when its first tensor is asked for."""
-
-    def __init__(self, folder: Path, meta: Metadata, records: dict[str, FileRecord]) -> None:
-        self.folder, self.meta, self.records = folder, meta, records
-        self.group_of: dict[str, int] = {}
-        self.groups: list[list[str]] = [[]]
-        size = 0
-        for key, md in meta.state_dict_metadata.items():
-            if not isinstance(md, TensorStorageMetadata):
-                continue
-            nbytes = math.prod(md.size) * md.properties.dtype.itemsize
-            if self.groups[-1] and size + nbytes > GROUP_BYTES:
-                self.groups.append([])
-                size = 0
-            self.groups[-1].append(key)
-            self.group_of[key] = len(self.groups) - 1
-            size += nbytes
-        self._held: dict[str, torch.Tensor] = {}
-        self._group = -1
-
-    def read(self, key: str) -> torch.Tensor:
-        group = self.group_of[key]
-        if group != self._group:
-            self._held, self._group = {}, -1  # the group before is dropped first
-            self._held = self.load({k: None for k in self.groups[group]}, tensors=True)
-            self._group = group
-        return self._held[key]
-
-    def load(self, keys: dict[str, None], *, tensors: bool = False) -> dict[str, Any]:
-        """The values of ``keys`` (tensors when ``tensors``, else pickled values), verified."""
-        state: dict[str, Any] = dict(keys)
-        if tensors:
-            for key in keys:
-                md = self.meta.state_dict_metadata[key]
-                assert isinstance(md, TensorStorageMetadata)
-                state[key] = torch.empty(md.size, dtype=md.properties.dtype)
-        try:
-            with warnings.catch_warnings():  # one process reading a sharded folder is meant
-                warnings.simplefilter("ignore", UserWarning)
-                reader = SafeReader(str(self.folder), self.records)
-                dcp_load(state, storage_reader=reader, planner=SafePlanner(), no_dist=True)
-        except CheckpointException as err:
-            causes = [exc for exc, _ in err.failures.values()]
-            raise CheckpointError(
-                f"{self.folder} could not be read ({causes[0] if causes else err}). Use another "
-                "copy of the checkpoint; nothing was written."
-            ) from None
-        return state
-
-
 def _dcp_states(folder: Path, manifest: Manifest) -> States:
     dcp = folder / "dcp"
     meta = read_metadata(dcp)
@@ -361,7 +302,7 @@ def _dcp_states(folder: Path, manifest: Manifest) -> States:
         for name, record in manifest.files.items()
         if name.startswith("dcp/")
     }
-    tensors = _DcpTensors(dcp, meta, records)
+    tensors = DcpTensors(dcp, meta, records)
     flat: dict[str, Any] = tensors.load(
         {
             k: None
@@ -391,7 +332,7 @@ def _dcp_states(folder: Path, manifest: Manifest) -> States:
     return states
 
 
-def _group_reader(tensors: _DcpTensors, key: str) -> Callable[[], torch.Tensor]:
+def _group_reader(tensors: DcpTensors, key: str) -> Callable[[], torch.Tensor]:
     return lambda: tensors.read(key)
 
 

@@ -79,6 +79,41 @@ def _saved_state_only(
     return {**optim_sd, "state": state}
 
 
+def _state_targets(
+    optim_sd: dict[str, Any], model_sd: dict[str, Any], stored: dict[str, Any], optim_stem: str
+) -> tuple[dict[str, Any], bool] | None:
+    """The load target of an optimizer without state yet: for each entry the checkpoint holds
+    (``<stem>.state.<fqn>.<entry>``), an uninitialised tensor laid out as its parameter (a
+    DTensor's shards for a DTensor), or a scalar; ``(target, some parameter has no saved
+    state)``. None when the optimizer has state already, or an entry is neither shaped as its
+    parameter nor a scalar (torch then lays the state out itself, by a step on zero gradients).
+    Allocating the state directly writes each byte once, where that step writes zero
+    gradients and copies them before the load overwrites both."""
+    if not optim_sd or optim_sd.get("state"):
+        return None
+    grouped = [fqn for group in optim_sd.get("param_groups", []) for fqn in group["params"]]
+    state: dict[str, dict[str, Any]] = {}
+    for fqn in grouped:
+        prefix = f"{optim_stem}.state.{fqn}."
+        for key, md in stored.items():
+            entry = key[len(prefix) :]
+            if not key.startswith(prefix) or "." in entry:
+                continue
+            param = model_sd.get(fqn)
+            size = getattr(md, "size", None)
+            if size is None:  # a value that is not a tensor: DCP loads it in place
+                state.setdefault(fqn, {})[entry] = None
+            elif param is not None and tuple(size) == tuple(param.shape) and len(size):
+                dtype = md.properties.dtype
+                state.setdefault(fqn, {})[entry] = torch.empty_like(param, dtype=dtype)
+            elif not len(size):
+                state.setdefault(fqn, {})[entry] = torch.empty((), dtype=md.properties.dtype)
+            else:
+                return None
+    partial = any(fqn not in state for fqn in grouped)
+    return {**optim_sd, "state": state}, partial
+
+
 def stems(name: str) -> tuple[str, str]:
     """(model file stem, optimizer file stem) of the model called ``name``."""
     if name == "model":
@@ -257,12 +292,20 @@ def load_unit(
     folder = staged.folder
     model_stem, optim_stem = stems(name)
     if (folder / "dcp").is_dir():
-        keys = set(read_metadata(folder / "dcp").state_dict_metadata)
+        stored = read_metadata(folder / "dcp").state_dict_metadata
+        keys = set(stored)
         flat = _flat_optimizer(keys, optim_stem)
-        model_sd, optim_sd = st.collect(target, optimizers, full=False, flat=flat, create=True)
+        model_sd, optim_sd = st.collect(target, optimizers, full=False, flat=flat)
         state: dict[str, Any] = {model_stem: model_sd}
         partial_state = False
-        if optim_sd:
+        built = None if flat else _state_targets(optim_sd, model_sd, stored, optim_stem)
+        if built is not None:  # a fresh optimizer: its state laid out from the checkpoint
+            state[optim_stem], partial_state = built
+        elif optim_sd:
+            if not flat:  # torch lays the state out by a step on zero gradients
+                _, optim_sd = st.collect(target, optimizers, full=False, create=True)
+            else:
+                _, optim_sd = st.collect(target, optimizers, full=False, flat=True, create=True)
             state[optim_stem] = _saved_state_only(optim_sd, keys, optim_stem, flat=flat)
             partial_state = _state_keys(state[optim_stem]) != _state_keys(optim_sd)
         records = {

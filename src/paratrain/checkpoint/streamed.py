@@ -1,20 +1,22 @@
 """Conversions between safetensors files and folders, one tensor in memory at a time.
 
-    source = safetensors_source(Path("gpt-hf"))        # a .safetensors file, an hf folder, or a
-    if source is not None:                             # paratrain folder with model.safetensors
+    source = streamed_source(Path("gpt-hf"))           # safetensors files and folders, DCP
+    if source is not None:                             # folders, paratrain checkpoints
         write_streamed(source, names, Path("out"), to="hf", max_shard_bytes=5 * 10**9)
     write_hf_folder(state_dict, Path("out"))           # a state dict in memory, the same way
 
 A source lists every tensor (name, dtype, shape, the file and byte range holding it) from the
 files' headers, without reading a tensor. The output's headers are computed from that list, then
 each tensor is read into a buffer of its own size, written, and dropped: a conversion holds one
-tensor (the largest, at worst) besides the interpreter, whatever the checkpoint's size. What
-``convert`` does for other inputs (torch.save files, DCP folders) reads them whole.
+tensor (the largest, at worst) besides the interpreter, whatever the checkpoint's size. A DCP
+folder (or a sharded paratrain checkpoint) is read in groups of at most 256 MiB of tensors
+(:func:`dcp_source`). What ``convert`` does for other inputs (torch.save files) reads them whole.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -24,7 +26,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from paratrain.checkpoint.dcp_io import DcpTensors, read_metadata
 from paratrain.checkpoint.durable_writes import fsync_dir, write_bytes_durable
 from paratrain.checkpoint.hf_folder import DEFAULT_SHARD_BYTES, INDEX, hf_shards, is_hf_folder
 from paratrain.checkpoint.manifest import MANIFEST, Manifest
@@ -107,6 +111,55 @@ def safetensors_source(path: Path) -> Source | None:
         entries, metadata = file_entries(path / "model.safetensors")
         return _from_files({path / "model.safetensors": entries}, tied_in(metadata), "paratrain")
     return None
+
+
+@dataclass
+class DcpSource(Source):
+    """The tensors of a DCP folder (:class:`~paratrain.checkpoint.dcp_io.DcpTensors`: read in
+    groups, each tensor handed over once), keys without ``prefix``."""
+
+    tensors: DcpTensors | None = None
+    prefix: str = ""
+
+    def read(self, name: str) -> torch.Tensor:
+        assert self.tensors is not None
+        return self.tensors.read(self.prefix + name)
+
+
+def dcp_source(path: Path) -> Source | None:
+    """The model tensors of ``path`` when it is a DCP folder or a sharded paratrain checkpoint
+    (verified block by block as read, against its manifest); else None."""
+    if not path.is_dir():
+        return None
+    if (path / MANIFEST).is_file() and (path / "dcp" / ".metadata").is_file():
+        manifest = Manifest.read(path)
+        for name, record in manifest.files.items():  # the shards are verified as read
+            if not name.startswith("dcp/") or name == "dcp/.metadata":
+                problem = record.problem(path / name)
+                if problem:
+                    raise CheckpointError(f"{path} is damaged: {problem}.")
+        records = {k[len("dcp/") :]: r for k, r in manifest.files.items() if k.startswith("dcp/")}
+        folder, prefix, fmt = path / "dcp", "model.", "paratrain (sharded)"
+    elif (path / ".metadata").is_file():
+        folder, prefix, fmt, records = path, "", "dcp", None
+    else:
+        return None
+    tensors = DcpTensors(folder, read_metadata(folder), records)
+    entries = {}
+    for key in tensors.group_of:
+        if key.startswith(prefix):
+            md = tensors.meta.state_dict_metadata[key]
+            assert isinstance(md, TensorStorageMetadata)  # group_of lists tensors alone
+            dtype, shape = md.properties.dtype, list(md.size)
+            nbytes = math.prod(shape) * dtype.itemsize
+            entries[key[len(prefix) :]] = StoredTensor(key[len(prefix) :], dtype, shape, 0, nbytes)
+    return DcpSource(entries, {}, fmt, tensors=tensors, prefix=prefix)
+
+
+def streamed_source(path: Path) -> Source | None:
+    """``path`` as a :class:`Source` when its tensors can be read one at a time (safetensors
+    files and folders, DCP folders, paratrain checkpoints of any layout); else None."""
+    return safetensors_source(path) or dcp_source(path)
 
 
 def write_hf_folder(
