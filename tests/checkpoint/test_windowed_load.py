@@ -8,20 +8,23 @@ instead: tests/checkpoint/test_adopted_load.py."""
 
 from __future__ import annotations
 
+import itertools
 import shutil
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import torch
 import xxhash
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
 import paratrain as pt
 from paratrain.checkpoint import restore as restore_module
 from paratrain.checkpoint import store as store_module
+from paratrain.checkpoint import verified_reads
 from paratrain.checkpoint.manifest import Manifest
 from paratrain.checkpoint.state import ModuleLoader
 from paratrain.checkpoint.verified_reads import map_windows_verified, read_windows_verified
@@ -48,15 +51,29 @@ fast = settings(
 @given(
     size=st.integers(0, 400), block=st.integers(1, 64), window=st.integers(1, 300), wanted=ranges
 )
+@example(size=4, block=2, window=1, wanted=[(0, 1), (1, 2)])  # the second straddles blocks 0-1
 def test_every_range_is_handed_over_once_with_the_file_s_bytes_in_one_reused_buffer(
     tmp_path: Path, size: int, block: int, window: int, wanted: list[tuple[int, int]]
 ) -> None:
     path, data, digests = _file(tmp_path, size, block)
     seen: list[int] = []
     pointers = set()
-    for buffer, base, members in read_windows_verified(
-        path, size, block, digests, wanted, window_bytes=window
-    ):
+    read: list[int] = []  # every block read from the file, as often as it is read
+    real = verified_reads._read_exactly
+
+    def counted(fd: int, path: Path, view: memoryview, offset: int) -> None:
+        if view.nbytes:
+            read.extend(range(offset // block, -(-(offset + view.nbytes) // block)))
+        real(fd, path, view, offset)
+
+    with mock.patch.object(verified_reads, "_read_exactly", counted):
+        windows = list(_handed_over(path, size, block, digests, wanted, window))
+    inside = sorted(
+        (max(0, a), min(size, a + n)) for a, n in wanted if min(size, a + n) > max(0, a)
+    )
+    if all(hi <= lo for (_, hi), (lo, _) in itertools.pairwise(inside)):
+        assert len(read) == len(set(read))  # items do not overlap: a shared block is read once
+    for buffer, base, members in windows:
         got = buffer.numpy().tobytes()
         assert got == data[base : base + len(got)]  # the window is the file's bytes from base
         if buffer.numel():
@@ -69,6 +86,35 @@ def test_every_range_is_handed_over_once_with_the_file_s_bytes_in_one_reused_buf
         seen += members
     assert sorted(seen) == list(range(len(wanted)))
     assert len(pointers) <= 1  # one buffer, reused
+
+
+def _handed_over(
+    path: Path, size: int, block: int, digests: list[int], wanted: Any, window: int
+) -> Any:
+    """Each window as handed over, its bytes copied (the buffer is reused for the next)."""
+    for buffer, base, members in read_windows_verified(
+        path, size, block, digests, wanted, window_bytes=window
+    ):
+        yield _Window(buffer.clone(), buffer.untyped_storage().data_ptr()), base, members
+
+
+class _Window:
+    """A window's bytes, and the address of the buffer they were handed over in."""
+
+    def __init__(self, data: torch.Tensor, pointer: int) -> None:
+        self.data, self.pointer = data, pointer
+
+    def numpy(self) -> Any:
+        return self.data.numpy()
+
+    def numel(self) -> int:
+        return self.data.numel()
+
+    def untyped_storage(self) -> Any:
+        return self
+
+    def data_ptr(self) -> int:
+        return self.pointer
 
 
 @fast

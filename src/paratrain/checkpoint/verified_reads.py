@@ -428,11 +428,20 @@ def read_windows_verified(
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
         passes = (False, True) if verify_first else (True,)
         for hand_over in passes:
+            held = (0, 0)  # the blocks of the window before, still in the buffer
             for first, end, members in groups:
                 base = first * block_bytes
                 length = min(size, end * block_bytes) - base
-                _read_exactly(fd, path, view[:length], base)
+                # Blocks this window shares with the one before (a range straddling both)
+                # were read and checked already: moved to the front, not read again.
+                shared = max(0, min(end, held[1]) - first) if first >= held[0] else 0
+                done = min(length, shared * block_bytes)
+                at = (first - held[0]) * block_bytes
+                if done and at:
+                    view[:done] = bytes(view[at : at + done]) if at < done else view[at : at + done]
+                _read_exactly(fd, path, view[done:length], base + done)
                 _check_window(path, view[:length], base, first, block_bytes, digests)
+                held = (first, end)
                 if hand_over:
                     yield buffer[:length], base, members
     finally:
