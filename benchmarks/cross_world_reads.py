@@ -51,8 +51,9 @@ def rank_main(ckpt: str, mib: int, resume: bool) -> None:
             kept = sum(_local(p).nbytes for p in model.parameters())
             kept += sum(_local(v).nbytes for s in opt.state.values() for v in s.values()
                         if isinstance(v, torch.Tensor) and v.dim())  # fmt: skip
-            print(json.dumps({"rank": run.rank, "world": run.world_size, "read": read,
-                              "kept": kept}), flush=True)  # fmt: skip
+            row = {"rank": run.rank, "world": run.world_size, "read": read, "kept": kept}
+            report = Path(ckpt).parent / f"reads-{run.world_size}-{run.rank}.json"
+            report.write_text(json.dumps(row))  # one file per rank: their stdout interleaves
         run.backward(model(torch.ones(2, WIDTH)).sum())
         run.step(opt)
         run.save()
@@ -73,8 +74,8 @@ def _phase(nproc: int, ckpt: Path, mib: int, resume: bool) -> list[dict[str, int
         raise SystemExit(
             f"the {nproc}-rank phase failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
         )
-    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith('{"rank"')]
-    return sorted(rows, key=lambda r: r["rank"])
+    reports = ckpt.parent.glob(f"reads-{nproc}-*.json")
+    return sorted((json.loads(p.read_text()) for p in reports), key=lambda r: r["rank"])
 
 
 def main() -> None:
