@@ -1,9 +1,10 @@
 """``paratrain ckpt reshard``: a training state rewritten offline for another layout resumes
 exactly as the original checkpoint resumes in-job.
 
-A 2-rank FSDP job and a 2-stage pipeline (dropout, a shuffled loader, AdamW and StepLR) save at
-step 3. Offline, the FSDP checkpoint is rewritten for one process, DDP at 2 ranks and FSDP at 2
-and 4 ranks, the pipeline's for FSDP at 2 and 4. Each world size then resumes twice for three
+2-rank FSDP, tensor-parallel and 2-stage pipeline jobs (dropout, a shuffled loader, AdamW and
+StepLR) save at step 3; `ckpt convert` gives back each one's weights as one file. Offline, the
+FSDP and TP checkpoints are rewritten for one process, DDP at 2 ranks and FSDP at 2 and 4 ranks,
+the pipeline's for FSDP at 2 and 4. Each world size then resumes twice for three
 steps, from the original checkpoint and from the rewritten one: losses, weights, optimizer state
 and the learning rate agree bit for bit. An FSDP rewrite holds the very chunks, in the very
 files, that an FSDP job at that world size saves. One process: a round trip gives back every
@@ -23,7 +24,7 @@ from torch import nn
 
 import paratrain as pt
 from paratrain.checkpoint.dcp_io import read_metadata
-from paratrain.checkpoint.inspection import inspect
+from paratrain.checkpoint.inspection import convert, inspect
 from paratrain.checkpoint.manifest import Manifest
 from paratrain.checkpoint.reshard import fsdp_rows, reshard
 from paratrain.checkpoint.restore import load_trainer
@@ -35,13 +36,14 @@ from tests.support.training import dataset, mlp
 SAVE_AT, MORE = 3, 3
 TARGETS = {1: [("single", "cpu")], 2: [("fsdp", "fsdp"), ("ddp", "ddp")], 4: [("fsdp", "fsdp")]}
 """World size -> (reshard layout, strategy that resumes it)."""
-SOURCES = ("fsdp", "pipeline")
-"""The strategies of the 2-rank jobs that write the checkpoints to reshard."""
+SOURCES = {"fsdp": {}, "pipeline": {}, "tp": {"tp_plan": "auto"}}
+"""The strategies (and settings) of the 2-rank jobs that write the checkpoints to reshard."""
 
 
 def _train(ckpt: str, strategy: str, *, resume: bool) -> Any:
-    """Train to SAVE_AT and save, or resume and train MORE steps."""
-    with pt.Run(strategy=strategy, progress=False, ckpt_dir=ckpt, seed=0) as run:
+    """Train to SAVE_AT and save (returns the weights saved), or resume and train MORE steps."""
+    settings = SOURCES.get(strategy, {})
+    with pt.Run(strategy=strategy, progress=False, ckpt_dir=ckpt, seed=0, **settings) as run:
         torch.manual_seed(0)
         net = nn.Sequential(mlp(), nn.Dropout(0.3))
         opt = torch.optim.AdamW(net.parameters(), lr=1e-2, weight_decay=0.01)
@@ -65,7 +67,7 @@ def _train(ckpt: str, strategy: str, *, resume: bool) -> Any:
                 break
         if not resume:
             run.save()
-            return None
+            return run.strategy.full_state_dict(model)
         state = opt.state_dict()["state"]
         return {
             "losses": losses,
@@ -84,9 +86,8 @@ def _newest(ckpt: str) -> Path:
     return sorted(Path(ckpt).glob("step-*"))[-1]
 
 
-def _write(root: str) -> None:
-    for source in SOURCES:
-        _train(f"{root}/{source}", source, resume=False)
+def _write(root: str) -> dict[str, Any]:
+    return {source: _train(f"{root}/{source}", source, resume=False) for source in SOURCES}
 
 
 def _resume_both(root: str, world: int) -> dict[tuple[str, str, str], Any]:
@@ -104,7 +105,7 @@ def _resume_both(root: str, world: int) -> dict[tuple[str, str, str], Any]:
 
 def _targets(source: str, world: int) -> list[tuple[str, str]]:
     """A pipeline's optimizer settings are per parameter: only a sharded layout holds them."""
-    return [t for t in TARGETS[world] if source == "fsdp" or t[0] == "fsdp"]
+    return [t for t in TARGETS[world] if source != "pipeline" or t[0] == "fsdp"]
 
 
 def _save_fsdp(ckpt: str) -> None:
@@ -137,7 +138,13 @@ def _layout_of(folder: Path) -> dict[tuple[str, tuple[int, ...]], tuple[tuple[in
 @pytest.mark.dist
 def test_offline_reshard_resumes_as_the_original_does_at_1_2_and_4_ranks(tmp_path: Path) -> None:
     root = str(tmp_path)
-    _launch(_write, 2, root)
+    saved = _launch(_write, 2, root)
+    for source in SOURCES:  # every layout's model, as one file: the weights it saved
+        out = tmp_path / f"{source}.safetensors"
+        convert(_newest(f"{root}/{source}"), out, to="safetensors")
+        weights = load_file(str(out))
+        assert weights.keys() == saved[source].keys(), source
+        assert all(torch.equal(weights[k], v) for k, v in saved[source].items()), source
     for source in SOURCES:
         for world in TARGETS:
             for layout, _ in _targets(source, world):
@@ -145,7 +152,7 @@ def test_offline_reshard_resumes_as_the_original_does_at_1_2_and_4_ranks(tmp_pat
                 reshard(_newest(f"{root}/{source}"), out, layout=layout, world=world)
     for world in TARGETS:
         ended = _launch(_resume_both, world, root, world)
-        assert len(ended) == 2 * len(TARGETS[world]) + 2 * (world != 1)
+        assert len(ended) == 2 * sum(len(_targets(source, world)) for source in SOURCES)
         for (source, layout, path), offline in ended.items():
             if path == "in-job":
                 continue
