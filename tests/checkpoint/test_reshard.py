@@ -14,6 +14,8 @@ byte, and bad input is named with nothing written.
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -270,3 +272,44 @@ def test_bad_input_is_named_and_nothing_is_written(
     assert not (tmp_path / "f2b").exists()
     with pytest.raises(CheckpointError, match="not a number of ranks"):
         reshard(saved, tmp_path / "x", layout="fsdp", world=0)
+
+
+PEAK = """
+import sys
+from paratrain.commands.cli import main
+try:
+    main(["ckpt", "reshard", *sys.argv[1:]])
+except SystemExit as done:
+    assert not done.code, done.code
+hwm = next(l for l in open("/proc/self/status") if l.startswith("VmHWM:"))
+print(int(hwm.split()[1]) * 1024)  # this process's own peak (ru_maxrss keeps the parent's)
+"""
+
+
+def _peak_bytes(*args: str) -> int:
+    done = subprocess.run([sys.executable, "-c", PEAK, *args], capture_output=True, text=True,
+                          check=True, timeout=300)  # fmt: skip
+    return int(done.stdout.split()[-1])
+
+
+def _big_state(ckpt: Path, tensors: int, numel: int) -> Path:
+    """A one-process checkpoint of ``tensors`` parameters of ``numel`` and their momentum."""
+    params = nn.ParameterList(nn.Parameter(torch.full((numel,), float(i))) for i in range(tensors))
+    with pt.Run(strategy="cpu", ckpt_dir=ckpt, progress=False) as run:
+        model, opt = run.setup(params, torch.optim.SGD(params.parameters(), lr=0.1, momentum=0.9))
+        run.backward(sum(p.sum() for p in model.parameters()))
+        run.step(opt)
+        run.save()
+    return _newest(str(ckpt))
+
+
+def test_a_reshard_holds_a_few_tensors_whatever_the_checkpoint_s_size(tmp_path: Path) -> None:
+    """256 MiB of state (eight 16 MiB parameters and their momentum) to FSDP at 4 ranks: the
+    peak memory beyond resharding a tiny checkpoint stays under four tensors (one read whole,
+    its four pieces, the serialiser's buffer), a quarter of the state."""
+    tensor = 16 * 2**20
+    big = _big_state(tmp_path / "big", 8, tensor // 4)
+    tiny = _big_state(tmp_path / "tiny", 1, 4)
+    baseline = _peak_bytes(str(tiny), str(tmp_path / "t"), "--to-layout", "fsdp", "--world", "4")
+    peak = _peak_bytes(str(big), str(tmp_path / "b"), "--to-layout", "fsdp", "--world", "4")
+    assert peak - baseline < 4 * tensor, (peak - baseline) / 2**20

@@ -122,9 +122,16 @@ def reshard(
             "written."
         )
     created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
     try:
+        out.mkdir(parents=True, exist_ok=True)
         return _rewrite(folder, manifest, out, final, layout, world, progress)
+    except OSError as err:
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+        raise CheckpointError(
+            f"Writing {final} failed ({err.strerror or err}). Give an output folder on a "
+            "writable file system with room for the checkpoint; nothing was written."
+        ) from None
     except BaseException:
         if created:
             shutil.rmtree(out, ignore_errors=True)  # made here, holding nothing committed
