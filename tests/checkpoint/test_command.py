@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -168,3 +169,31 @@ def test_diff_into_head_ends_quietly(files: dict[str, Path]) -> None:
     )
     assert result.stdout == "{\n"
     assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr
+
+
+def test_a_dcp_folder_of_model_and_optimizer_converts_to_the_model_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A DCP folder saved as ``{"model": ..., "optimizer": ...}`` (torchtitan's and most
+    scripts' shape) gives its model's weights; one saved as a flat state dict gives them all."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    torch.manual_seed(0)
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.ones(2, 6)).sum().backward()
+    opt.step()
+    msd, osd = get_state_dict(model, opt)
+    with warnings.catch_warnings():  # one process saving: intended
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.save({"model": msd, "optimizer": osd}, checkpoint_id=tmp_path / "both")
+        dcp.save(model.state_dict(), checkpoint_id=tmp_path / "flat")
+    torch.save(model.state_dict(), tmp_path / "reference.pt")
+    for folder in ("both", "flat"):
+        for to in ("safetensors", "pt"):  # streamed, and read whole
+            out = tmp_path / f"{folder}.{to}"
+            assert _cli(["convert", str(tmp_path / folder), str(out), "--to", to], capsys)[0] == 0
+            code, report, _ = _cli(["diff", str(tmp_path / "reference.pt"), str(out), "--json"],
+                                   capsys)  # fmt: skip
+            assert code == 0 and json.loads(report)["identical"], (folder, to, report)

@@ -197,9 +197,25 @@ def _metadata_problem(meta: Metadata, folder: Path) -> str:
     return ""
 
 
-def read_dcp_tensors(folder: Path, *, prefix: str) -> dict[str, torch.Tensor]:
-    """The tensors of a DCP folder whose names start with ``prefix``, with the prefix removed."""
+def model_prefix(meta: Metadata) -> str:
+    """The prefix of a DCP folder's model tensors: ``"model."`` when it was saved as
+    ``{"model": state_dict, ...}`` (as paratrain, torchtitan and most training scripts save
+    model and optimizer together: only the model's tensors are weights), else ``""``."""
+    paths = getattr(meta, "planner_data", None) or {}
+    nested = any(
+        isinstance(path, tuple) and len(path) > 1 and path[0] == "model"
+        for key, path in paths.items()
+        if isinstance(meta.state_dict_metadata.get(key), TensorStorageMetadata)
+    )
+    return "model." if nested else ""
+
+
+def read_dcp_tensors(folder: Path, *, prefix: str | None) -> dict[str, torch.Tensor]:
+    """The tensors of a DCP folder whose names start with ``prefix``, with the prefix removed
+    (None: the model's tensors, see :func:`model_prefix`)."""
     meta = read_metadata(folder)
+    if prefix is None:
+        prefix = model_prefix(meta)
     state = {
         fqn: _empty_like_stored(folder, meta, fqn)
         for fqn, m in meta.state_dict_metadata.items()

@@ -206,7 +206,7 @@ def _read_dir(path: Path, map_location: MapLocation, trust: bool) -> tuple[dict[
         state = read_dcp_tensors(path / "dcp", prefix="model.")
         return move_to(state, map_location), "paratrain (sharded)"
     if (path / ".metadata").is_file():
-        return move_to(read_dcp_tensors(path, prefix=""), map_location), "dcp"
+        return move_to(read_dcp_tensors(path, prefix=None), map_location), "dcp"
     if is_hf_folder(path):
         return move_to(read_hf_folder(path), map_location), "hf folder"
     for name in ACCELERATE_FILES:

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import torch
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from paratrain.checkpoint.dcp_io import DcpTensors, read_metadata
+from paratrain.checkpoint.dcp_io import DcpTensors, model_prefix, read_metadata
 from paratrain.checkpoint.durable_writes import fsync_dir, write_bytes_durable
 from paratrain.checkpoint.hf_folder import DEFAULT_SHARD_BYTES, INDEX, hf_shards, is_hf_folder
 from paratrain.checkpoint.manifest import MANIFEST, Manifest
@@ -141,10 +141,12 @@ def dcp_source(path: Path) -> Source | None:
         records = {k[len("dcp/") :]: r for k, r in manifest.files.items() if k.startswith("dcp/")}
         folder, prefix, fmt = path / "dcp", "model.", "paratrain (sharded)"
     elif (path / ".metadata").is_file():
-        folder, prefix, fmt, records = path, "", "dcp", None
+        folder, prefix, fmt, records = path, None, "dcp", None
     else:
         return None
-    tensors = DcpTensors(folder, read_metadata(folder), records)
+    meta = read_metadata(folder)
+    prefix = model_prefix(meta) if prefix is None else prefix
+    tensors = DcpTensors(folder, meta, records)
     entries = {}
     for key in tensors.group_of:
         if key.startswith(prefix):
