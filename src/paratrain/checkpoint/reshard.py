@@ -25,7 +25,6 @@ import contextlib
 import math
 import os
 import shutil
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,7 +52,7 @@ from paratrain.checkpoint.manifest import MANIFEST, FileRecord, Manifest
 from paratrain.checkpoint.restore import _flat_optimizer, load_trainer, stems
 from paratrain.checkpoint.safetensors_io import StoredTensor, file_entries
 from paratrain.checkpoint.state import flatten_optimizer, unflatten_optimizer
-from paratrain.checkpoint.store import CheckpointStore
+from paratrain.checkpoint.store import CheckpointStore, staging_folder
 from paratrain.checkpoint.streamed import write_tensors
 from paratrain.core.version import __version__
 from paratrain.errors import CheckpointError
@@ -159,7 +158,7 @@ def _rewrite(
             progress(done, total)
 
     store = CheckpointStore(out, keep_last=None, check_timeout_s=0.0, warn=lambda _: None)
-    tmp = out / f".tmp-{final.name}-reshard-{os.getpid()}-{time.time_ns()}"
+    tmp = staging_folder(final)  # left by a crash: removed by the next save into ``out``
     tmp.mkdir()
     try:
         if layout == "fsdp":

@@ -325,7 +325,7 @@ class CheckpointStore:
             k = 1
             while final.exists():  # a second save at this step: a new folder, newer wins
                 final, k = self.directory / f"{PREFIX}{step:08d}.{k}", k + 1
-            tmp = self.directory / f".tmp-{final.name}-{_HOST}-{os.getpid()}-{time.time_ns()}"
+            tmp = staging_folder(final)
             tmp.mkdir()
             names = [str(final), str(tmp)]
         if distributed():
@@ -632,6 +632,13 @@ def _collect_tensors(tree: Any, out: list[torch.Tensor]) -> None:
 
 _HOST = socket.gethostname().replace("-", "_") or "host"
 """This machine, as it appears in the name of a save in progress (``.tmp-NAME-HOST-PID-NS``)."""
+
+
+def staging_folder(final: Path) -> Path:
+    """Where a save to ``final`` is written before its commit: ``.tmp-NAME-HOST-PID-NS`` beside
+    it, which a later save removes once this process is gone (see :func:`_abandoned`)."""
+    return final.with_name(f".tmp-{final.name}-{_HOST}-{os.getpid()}-{time.time_ns()}")
+
 
 ABANDONED_AFTER_S = 6 * 3600
 """A save in progress of another machine (or of an older format) older than this is taken as
