@@ -301,6 +301,7 @@ class DcpTensors:
         self._held: dict[str, torch.Tensor] = {}
 
     def read(self, key: str) -> torch.Tensor:
+        """The tensor ``key``, reading its group first unless it is held (each key once)."""
         if key not in self._held:
             self._held = {}  # the group before is dropped first
             self._held = self.load(dict.fromkeys(self.groups[self.group_of[key]]), tensors=True)
