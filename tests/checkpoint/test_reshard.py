@@ -313,3 +313,56 @@ def test_a_reshard_holds_a_few_tensors_whatever_the_checkpoint_s_size(tmp_path: 
     baseline = _peak_bytes(str(tiny), str(tmp_path / "t"), "--to-layout", "fsdp", "--world", "4")
     peak = _peak_bytes(str(big), str(tmp_path / "b"), "--to-layout", "fsdp", "--world", "4")
     assert peak - baseline < 4 * tensor, (peak - baseline) / 2**20
+
+
+def _two_models(ckpt: Path, *, resume: bool) -> dict[str, torch.Tensor]:
+    """A student with Adam whose learning rate is a tensor, and a teacher without optimizer."""
+    with pt.Run(strategy="cpu", ckpt_dir=ckpt, progress=False, seed=0) as run:
+        torch.manual_seed(0)
+        student, teacher = mlp(), mlp()
+        opt = torch.optim.Adam(student.parameters(), lr=torch.tensor(0.01))
+        student, opt = run.setup(student, opt)
+        teacher = run.setup(teacher, name="teacher")
+        if resume:
+            run.resume()
+        else:
+            run.backward(student(torch.ones(4, 6)).square().mean())
+            run.step(opt)
+            run.save()
+        state = {f"student.{k}": v.clone() for k, v in student.state_dict().items()}
+        state |= {f"teacher.{k}": v.clone() for k, v in teacher.state_dict().items()}
+        state |= {f"adam.{i}.{k}": v.clone() for i, s in opt.state.items() for k, v in s.items()}
+        state["lr"] = torch.as_tensor(opt.param_groups[0]["lr"]).clone()
+        return state
+
+
+def test_a_model_without_optimizer_and_a_tensor_learning_rate_survive_two_reshards(
+    tmp_path: Path,
+) -> None:
+    """One process -> FSDP -> one process, with a model that has no optimizer (its empty
+    optimizer file comes back) and a learning rate held as a tensor (kept as a setting)."""
+    saved = _two_models(tmp_path / "one", resume=False)
+    reshard(_newest(str(tmp_path / "one")), tmp_path / "fsdp", layout="fsdp", world=2)
+    reshard(_newest(str(tmp_path / "fsdp")), tmp_path / "back", layout="single", world=1)
+    assert (_newest(str(tmp_path / "back")) / "optimizer.teacher.safetensors").is_file()
+    resumed = _two_models(tmp_path / "back", resume=True)
+    assert resumed.keys() == saved.keys()
+    assert all(torch.equal(resumed[k], v) for k, v in saved.items())
+
+
+def test_more_ranks_than_files_a_process_may_open_is_named(
+    saved: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An FSDP output keeps a file per rank open: beyond the hard limit, the error says how to
+    raise it, and nothing is written; within it, the soft limit is raised."""
+    import resource
+
+    raised: list[tuple[int, int]] = []
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (64, 100))
+    monkeypatch.setattr(resource, "setrlimit", lambda _, limits: raised.append(limits))
+    with pytest.raises(CheckpointError, match="may open only 100"):
+        reshard(saved, tmp_path / "many", layout="fsdp", world=200)
+    assert not (tmp_path / "many").exists() and not raised
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (16, 4096))
+    reshard(saved, tmp_path / "some", layout="fsdp", world=8)
+    assert raised == [(8 + 64, 4096)]

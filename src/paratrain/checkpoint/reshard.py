@@ -104,6 +104,7 @@ def reshard(
             f"--to-layout single is one process, but --world {world} was given. Use "
             f"--to-layout ddp --world {world}, or drop --world."
         )
+    _enough_open_files(world if layout == "fsdp" else 1)
     folder, manifest = _source(src)
     if manifest.layout == "sharded" and _reads_pipeline(folder, manifest) and layout != "fsdp":
         raise CheckpointError(
@@ -128,8 +129,9 @@ def reshard(
         if created:
             shutil.rmtree(out, ignore_errors=True)
         raise CheckpointError(
-            f"Writing {final} failed ({err.strerror or err}). Give an output folder on a "
-            "writable file system with room for the checkpoint; nothing was written."
+            f"Resharding {folder} into {final} failed ({err.strerror or err}). Check that the "
+            "input can be read and that the output folder is on a writable file system with "
+            "room for the checkpoint; nothing was written."
         ) from None
     except BaseException:
         if created:
@@ -181,6 +183,26 @@ def _rewrite(
         "bytes": total,
         "step": manifest.step,
     }
+
+
+def _enough_open_files(files: int) -> None:
+    """An FSDP output keeps one file per rank open: raise this process's soft limit of open
+    files to what that needs (within the hard limit), or say how to raise the hard one."""
+    try:
+        import resource
+    except ImportError:  # not a Unix: no such limit to raise
+        return
+    need = files + 64  # the interpreter's own files beside them
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    if hard != resource.RLIM_INFINITY and hard < need:
+        raise CheckpointError(
+            f"--world {files} writes {files} files at once, but this process may open only "
+            f"{hard}. Raise the limit (`ulimit -n {need}` as root, or in limits.conf) and run "
+            "again; nothing was written."
+        )
+    resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
 
 
 # -- the input -------------------------------------------------------------------------------
@@ -267,8 +289,46 @@ def _read_states(
             tensors, order, _ = _file_refs(optim_file, order)
             meta = metas if "param_groups" in metas else metas.get(name, {})
             optim = unflatten_optimizer(tensors, meta)  # type: ignore[arg-type]
+            optim, order = _held_refs(optim, order)  # tensors among the settings (lr, say)
+            if not optim["state"] and not optim["param_groups"]:
+                optim = {}  # a model without optimizer: its file is empty
         states[name] = (model, optim)
     return states, tied
+
+
+def _held_refs(tree: Any, order: int) -> tuple[Any, int]:
+    """``tree`` with every tensor it holds in memory as a :class:`Ref` (numbered from
+    ``order``), so that every tensor of a state is a ref whatever its source."""
+    if isinstance(tree, torch.Tensor):
+        held = tree
+
+        def read() -> torch.Tensor:
+            return held
+
+        return Ref("", tree.dtype, tuple(tree.shape), read, order), order + 1
+    if isinstance(tree, dict):
+        out = {}
+        for k, v in tree.items():
+            out[k], order = _held_refs(v, order)
+        return out, order
+    if isinstance(tree, list):
+        items = []
+        for v in tree:
+            item, order = _held_refs(v, order)
+            items.append(item)
+        return items, order
+    return tree, order
+
+
+def _read_refs(tree: Any) -> Any:
+    """``tree`` with every :class:`Ref` read (small tensors among plain settings)."""
+    if isinstance(tree, Ref):
+        return tree.read()
+    if isinstance(tree, dict):
+        return {k: _read_refs(v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_read_refs(v) for v in tree]
+    return tree
 
 
 def _file_refs(path: Path, order: int) -> tuple[dict[str, Ref], int, dict[str, str]]:
@@ -369,10 +429,10 @@ def _write_replicated(
     writer = RecordingWriter(str(tmp))  # its file system hashes each block as it is written
     for name, (model, optim) in states.items():
         model_stem, optim_stem = stems(name)
-        tensors, metas[name] = _split_optimizer(optim)
-        files = {f"{model_stem}.safetensors": model}
-        if optim:
-            files[f"{optim_stem}.safetensors"] = tensors
+        tensors, meta = _split_optimizer(optim)
+        metas[name] = _read_refs(meta)  # plain data, and tensors among the settings
+        # Every model has its optimizer file, empty without an optimizer (as a save writes).
+        files = {f"{model_stem}.safetensors": model, f"{optim_stem}.safetensors": tensors}
         for file_name, refs in files.items():
             entries = {
                 k: StoredTensor(k, r.dtype, list(r.shape), 0, r.nbytes) for k, r in refs.items()

@@ -92,13 +92,15 @@ def _state_targets(
     if not optim_sd or optim_sd.get("state"):
         return None
     grouped = [fqn for group in optim_sd.get("param_groups", []) for fqn in group["params"]]
+    saved: dict[str, list[tuple[str, Any]]] = {}  # fqn -> its entries: one pass over the keys
+    prefix = f"{optim_stem}.state."
+    for key, md in stored.items():
+        if key.startswith(prefix):
+            fqn, _, entry = key[len(prefix) :].rpartition(".")
+            saved.setdefault(fqn, []).append((entry, md))
     state: dict[str, dict[str, Any]] = {}
     for fqn in grouped:
-        prefix = f"{optim_stem}.state.{fqn}."
-        for key, md in stored.items():
-            entry = key[len(prefix) :]
-            if not key.startswith(prefix) or "." in entry:
-                continue
+        for entry, md in saved.get(fqn, []):
             param = model_sd.get(fqn)
             size = getattr(md, "size", None)
             if size is None:  # a value that is not a tensor: DCP loads it in place

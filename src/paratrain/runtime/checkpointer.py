@@ -390,7 +390,7 @@ class Checkpointer:
             "resumed": resumed is not None,
             "checkpoint_dir": self.store.location,
             "world_size": p.world_size,
-            "saved_world_size": resumed.manifest.world_size if resumed is not None else None,
+            "saved_world_size": resumed.manifest.trained_at[0] if resumed is not None else None,
             "grad_accum": p.loop.grad_accum,
         }
         p.layout.restarts.parent.mkdir(parents=True, exist_ok=True)
