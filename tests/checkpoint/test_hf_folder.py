@@ -5,8 +5,6 @@ with nothing written."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +14,7 @@ from torch import nn
 
 import paratrain as pt
 from paratrain.commands.cli import main
+from tests.support.peak_memory import command_peak_bytes
 
 
 class GPT(nn.Module):
@@ -222,22 +221,8 @@ def test_bad_mappings_and_dtypes_write_nothing(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.pt", "in", "m.json"]
 
 
-PEAK = """
-import sys
-from paratrain.commands.cli import main
-try:
-    main(["ckpt", "convert", *sys.argv[1:]])
-except SystemExit as done:
-    assert not done.code, done.code
-hwm = next(l for l in open("/proc/self/status") if l.startswith("VmHWM:"))
-print(int(hwm.split()[1]) * 1024)  # this process's own peak (ru_maxrss keeps the parent's)
-"""
-
-
 def _peak_bytes(*args: str) -> int:
-    done = subprocess.run([sys.executable, "-c", PEAK, *args], capture_output=True, text=True,
-                          check=True, timeout=300)  # fmt: skip
-    return int(done.stdout.split()[-1])
+    return command_peak_bytes("ckpt", "convert", *args)
 
 
 def test_safetensors_conversions_hold_one_tensor_at_a_time(tmp_path: Path) -> None:

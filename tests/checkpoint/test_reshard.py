@@ -14,8 +14,6 @@ byte, and bad input is named with nothing written.
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +31,7 @@ from paratrain.checkpoint.restore import load_trainer
 from paratrain.commands.cli import main
 from paratrain.errors import CheckpointError
 from tests.support.distributed import run_distributed
+from tests.support.peak_memory import command_peak_bytes
 from tests.support.training import dataset, mlp
 
 SAVE_AT, MORE = 3, 3
@@ -274,22 +273,8 @@ def test_bad_input_is_named_and_nothing_is_written(
         reshard(saved, tmp_path / "x", layout="fsdp", world=0)
 
 
-PEAK = """
-import sys
-from paratrain.commands.cli import main
-try:
-    main(["ckpt", "reshard", *sys.argv[1:]])
-except SystemExit as done:
-    assert not done.code, done.code
-hwm = next(l for l in open("/proc/self/status") if l.startswith("VmHWM:"))
-print(int(hwm.split()[1]) * 1024)  # this process's own peak (ru_maxrss keeps the parent's)
-"""
-
-
 def _peak_bytes(*args: str) -> int:
-    done = subprocess.run([sys.executable, "-c", PEAK, *args], capture_output=True, text=True,
-                          check=True, timeout=300)  # fmt: skip
-    return int(done.stdout.split()[-1])
+    return command_peak_bytes("ckpt", "reshard", *args)
 
 
 def _big_state(ckpt: Path, tensors: int, numel: int) -> Path:
