@@ -224,7 +224,7 @@ def test_tp_checkpoint_resumes_under_ddp_and_one_process() -> None:
         run_distributed(_save, 2, ckpt, dict(strategy="tp", tp_plan=PLAN))
         manifest = json_of(ckpt)
         assert manifest["mesh"] == {"dp_replicate": 1, "dp": 1, "tp": 2}
-        assert manifest["format_version"] == 5 and manifest["global_batch"] == GLOBAL_BATCH
+        assert manifest["format_version"] == 7 and manifest["global_batch"] == GLOBAL_BATCH
         (folder,) = (p for p in Path(ckpt).iterdir() if p.name.startswith("step-"))
         assert inspect(folder)["saved_by"]["mesh"] == "tp 2"
         convert(folder, Path(work) / "full.pt", to="pt")  # one unsharded file

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from torch.distributed.checkpoint.api import CheckpointException
 
 from paratrain.checkpoint.dcp_io import RecordingWriter, SafePlanner, SafeReader
-from paratrain.checkpoint.manifest import Manifest
-from paratrain.checkpoint.verified_reads import BLOCK_BYTES, BlockDigests
+from paratrain.checkpoint.manifest import Manifest, pack_digests
+from paratrain.checkpoint.verified_reads import SHARD_BLOCK_BYTES, BlockDigests
 from paratrain.errors import CheckpointDamagedError
 from tests.support.distributed import run_distributed
 from tests.support.training import max_abs_diff, resume_saved, save_twice, saved_once
@@ -39,11 +39,11 @@ def test_the_recording_writer_records_what_is_on_disk(tmp_path: Path) -> None:
     assert set(writer.records) == on_disk and ".metadata" in on_disk
     for name, record in writer.records.items():
         data = (tmp_path / name).read_bytes()
-        blocks = BlockDigests()
+        blocks = BlockDigests(SHARD_BLOCK_BYTES)
         blocks.update(memoryview(data))
         assert (record.bytes, record.block_bytes, record.blocks) == (
             len(data),
-            BLOCK_BYTES,
+            SHARD_BLOCK_BYTES,
             blocks.digests(),
         )
         assert record.problem(tmp_path / name) is None
@@ -83,7 +83,7 @@ def test_the_verifying_reader_loads_intact_files_and_refuses_a_flipped_bit(
 
 
 def test_a_rank_reads_and_verifies_only_the_blocks_holding_its_items(tmp_path: Path) -> None:
-    n = BLOCK_BYTES // 4 * 2  # two blocks of float32 each
+    n = SHARD_BLOCK_BYTES // 4 * 2  # two blocks of float32 each
     torch.manual_seed(0)
     state = {"a": torch.randn(n), "b": torch.randn(n)}
     writer = RecordingWriter(str(tmp_path), sync_files=True, overwrite=False)
@@ -91,9 +91,9 @@ def test_a_rank_reads_and_verifies_only_the_blocks_holding_its_items(tmp_path: P
     (data,) = [p for p in tmp_path.iterdir() if p.suffix == ".distcp"]
     assert len(writer.records[data.name].blocks or []) >= 4
     raw = bytearray(data.read_bytes())
-    raw[BLOCK_BYTES // 2] ^= 0x10  # inside "a", written first
+    raw[SHARD_BLOCK_BYTES // 2] ^= 0x10  # inside "a", written first
     data.write_bytes(bytes(raw))
-    assert "bytes 0..4194304" in (writer.records[data.name].problem(data) or "")
+    assert f"bytes 0..{SHARD_BLOCK_BYTES}" in (writer.records[data.name].problem(data) or "")
 
     only_b = {"b": torch.zeros(n)}  # "a"'s blocks are neither read nor needed
     dcp.load(only_b, storage_reader=SafeReader(str(tmp_path), writer.records), no_dist=True)
@@ -143,24 +143,35 @@ def test_a_damaged_shard_of_rank_1_makes_every_rank_resume_the_previous_save(
     assert "step-00000002" in err and "__1_0.distcp" in err and "checksum" in err
 
 
+_THREE = pack_digests([1, 2, 3])
+
+
 @pytest.mark.parametrize(
-    "record,needle",
+    "version,record,needle",
     [
-        ({"bytes": 10, "block_bytes": 4, "blocks": [1, 2]}, "2 block checksums for 10 bytes"),
-        ({"bytes": 10, "blocks": [1, 2, 3]}, "without a positive block_bytes"),
-        ({"bytes": 10, "block_bytes": 4, "blocks": [1, "x", 3]}, "64-bit checksums"),
-        ({"bytes": 10, "block_bytes": 4, "blocks": [1, 2, 3], "xxh3_64": 5}, "exactly one"),
-        ({"bytes": 10, "block_bytes": -4, "blocks": [1, 2, 3]}, "not a whole number"),
+        (6, {"bytes": 10, "block_bytes": 4, "blocks": [1, 2]}, "2 block checksums for 10 bytes"),
+        (6, {"bytes": 10, "blocks": [1, 2, 3]}, "without a positive block_bytes"),
+        (6, {"bytes": 10, "block_bytes": 4, "blocks": [1, "x", 3]}, "64-bit checksums"),
+        (6, {"bytes": 10, "block_bytes": 4, "blocks": [1, 2, 3], "xxh3_64": 5}, "exactly one"),
+        (6, {"bytes": 10, "block_bytes": -4, "blocks": [1, 2, 3]}, "not a whole number"),
+        (7, {"bytes": 10, "block_bytes": 4, "blocks": [1, 2, 3]}, "not text"),
+        (7, {"bytes": 10, "block_bytes": 4, "blocks": "AAAA*"}, "corrupt"),
+        (7, {"bytes": 10, "block_bytes": 4, "blocks": "AAAA"}, "not 8 per checksum"),
+        (7, {"bytes": 10, "block_bytes": 8, "blocks": _THREE}, "3 block checksums for 10"),
     ],
 )
 def test_a_manifest_with_malformed_block_checksums_is_refused(
-    tmp_path: Path, record: dict[str, Any], needle: str
+    tmp_path: Path, version: int, record: dict[str, Any], needle: str
 ) -> None:
     from paratrain.errors import CheckpointError
 
     folder = saved_once(tmp_path)
     raw = json.loads((folder / "manifest.json").read_text())
-    assert raw["format_version"] == 4  # files checked per block, as readers of format 4 know
+    assert raw["format_version"] == 4  # a replicated save: a few checksums per file, a list
+    raw["format_version"] = version  # 7: packed, as a sharded save writes them
+    for other in raw["files"].values():
+        if version == 7 and "blocks" in other:
+            other["blocks"] = pack_digests(other["blocks"])
     raw["files"]["dcp/__0_0.distcp"] = record
     (folder / "manifest.json").write_text(json.dumps(raw))
     (folder / "manifest.xxh3").unlink()  # as a save from before manifests had a checksum

@@ -202,7 +202,7 @@ def test_a_round_trip_through_fsdp_gives_back_every_byte(
     assert code == 0 and "fsdp at 3 rank(s), step 3" in out, out
     sharded = tmp_path / "f3" / saved.name
     manifest = Manifest.read(sharded)
-    assert (manifest.layout, manifest.world_size, manifest.format_version) == ("sharded", 3, 6)
+    assert (manifest.layout, manifest.world_size, manifest.format_version) == ("sharded", 3, 7)
     assert manifest.trained == {"strategy": "cpu", "world_size": 1, "mesh": None}
     assert manifest.global_batch == 8  # the batch that trained it, not 3 ranks' worth
     assert "resharded offline" in inspect(sharded)["saved_by"]["trained_by"]

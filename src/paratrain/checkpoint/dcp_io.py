@@ -53,8 +53,11 @@ from paratrain.checkpoint.formats import MALFORMED, describe
 from paratrain.checkpoint.manifest import FileRecord
 from paratrain.checkpoint.saved_tensor import MemoryFile, saved_tensor
 from paratrain.checkpoint.verified_reads import (
+    SHARD_BLOCK_BYTES,
+    WINDOW_BYTES,
     BlockDigests,
-    read_windows_verified,
+    BlockWindows,
+    window_groups,
 )
 from paratrain.errors import CheckpointDamagedError, CheckpointError
 
@@ -367,21 +370,58 @@ class SafeReader(FileSystemReader):
                     f"{name} is not listed in the checkpoint's manifest: the folder was altered"
                 )
             infos = [self.storage_data[item.storage_index] for item in items]
-            ranges = [(i.offset, i.length) for i in infos]
             path = Path(self.path) / name
             if record.blocks is None:  # one checksum for the file: verified whole
-                buffer = record.read(path, ranges)
+                buffer = record.read(path, [(i.offset, i.length) for i in infos])
                 for item, info in zip(items, infos, strict=True):
                     self._load_item(item, info, buffer, planner, 0)
                 continue
-            assert record.block_bytes is not None
-            shape = (path, record.bytes, record.block_bytes, record.blocks, ranges)
-            for buffer, base, members in read_windows_verified(*shape):  # read once, checked
-                for i in members:
-                    self._load_item(items[i], infos[i], buffer, planner, base)
+            self._read_blocked(path, record, items, infos, planner)
         done: Future[None] = Future()
         done.set_result(None)
         return done
+
+    def _read_blocked(
+        self,
+        path: Path,
+        record: FileRecord,
+        items: list[ReadItem],
+        infos: list[_StorageInfo],
+        planner: LoadPlanner,
+    ) -> None:
+        """Load ``items`` from a file checked per block, window by window: the blocks of each
+        item this rank loads whole, and of an item it needs part of (its rows of a piece saved
+        at another world size) the blocks of its zip records (head and tail) and then only those
+        of the elements it keeps."""
+        assert record.block_bytes is not None and record.blocks is not None
+        block = record.block_bytes
+        ranges = [(i.offset, i.length) for i in infos]
+        shape = (path, record.bytes, block, record.blocks)
+        groups, empty = window_groups(*shape, ranges, WINDOW_BYTES)
+        for i in empty:
+            self._load_item(items[i], infos[i], torch.empty(0, dtype=torch.uint8), planner, 0)
+        if not groups:
+            return
+        largest = max((end - first) * block for first, end, _ in groups)
+        with BlockWindows(*shape, largest) as windows:
+            for first, end, members in groups:
+                windows.start(first, end)
+                part = [i for i in members if _part_of_piece(items[i], infos[i], planner)]
+                whole = [ranges[i] for i in members if i not in part]
+                windows.fill(whole + [r for i in part for r in _zip_records(infos[i])])
+                kept: dict[int, torch.Tensor] = {}
+                spans = []
+                for i in part:
+                    found = _elements(items[i], infos[i], windows.buffer, windows.base)
+                    if found is None:  # unusual bytes: the whole item, as torch.load reads it
+                        spans.append(ranges[i])
+                    else:
+                        kept[i], span = found
+                        spans.append(span)
+                windows.fill(spans)
+                for i in members:
+                    base = windows.base
+                    self._load_item(items[i], infos[i], windows.buffer, planner, base, kept.get(i))
 
     def _load_item(
         self,
@@ -390,13 +430,14 @@ class SafeReader(FileSystemReader):
         buffer: torch.Tensor,
         planner: LoadPlanner,
         base: int,
+        tensor: torch.Tensor | None = None,
     ) -> None:
         """Load one item from the verified bytes of its file, in ``buffer`` (which holds the
-        file from byte ``base`` on). The tensor is copied into its target: nothing keeps a
-        view of ``buffer``."""
-        tensor = None
+        file from byte ``base`` on; ``tensor``: the stored tensor, a view of ``buffer``, when
+        already found). The tensor is copied into its target: nothing keeps a view of
+        ``buffer``."""
         start = info.offset - base
-        if item.type != LoadItemType.BYTE_IO and not info.transform_descriptors:
+        if tensor is None and item.type != LoadItemType.BYTE_IO and not info.transform_descriptors:
             tensor = saved_tensor(buffer, start, info.length)  # no copy
         if tensor is None:
             stored = buffer.numpy().data[start : start + info.length]
@@ -428,6 +469,55 @@ class SafeReader(FileSystemReader):
         return meta
 
 
+_PROBE = 4096
+"""Bytes read at each end of a stored tensor (a small zip archive) to find its layout: the
+pickle and the local headers lie at its head, the central directory at its tail."""
+
+
+def _part_of_piece(item: ReadItem, info: _StorageInfo, planner: LoadPlanner) -> bool:
+    """Whether ``item`` loads only part of a plain stored tensor much larger than its zip
+    records (a rank's rows of a piece saved at another world size)."""
+    if item.type == LoadItemType.BYTE_IO or info.transform_descriptors:
+        return False
+    if info.length <= 4 * _PROBE:
+        return False
+    meta = getattr(planner, "metadata", None)
+    entry = meta.state_dict_metadata.get(item.storage_index.fqn) if meta is not None else None
+    if not isinstance(entry, TensorStorageMetadata):
+        return False
+    offset = tuple(item.storage_index.offset or ())
+    sizes = next((tuple(c.sizes) for c in entry.chunks if tuple(c.offsets) == offset), None)
+    return sizes is not None and (any(item.storage_offsets) or tuple(item.lengths) != sizes)
+
+
+def _zip_records(info: _StorageInfo) -> list[tuple[int, int]]:
+    """The head and the tail of a stored tensor (file offsets), where its layout is."""
+    end = info.offset + info.length
+    return [(info.offset, _PROBE), (end - _PROBE, _PROBE)]
+
+
+def _elements(
+    item: ReadItem, info: _StorageInfo, buffer: torch.Tensor, base: int
+) -> tuple[torch.Tensor, tuple[int, int]] | None:
+    """The stored tensor of ``item`` as a view of ``buffer`` (the file from ``base`` on, its
+    zip records read) and the file range of the elements ``item`` loads; None when its bytes
+    are not a plain saved tensor viewed in place (then the whole item is read)."""
+    start = info.offset - base
+    tensor = saved_tensor(buffer, start, info.length)
+    if tensor is None:
+        return None
+    try:
+        part = narrow_tensor_by_index(tensor, item.storage_offsets, item.lengths)
+    except (RuntimeError, IndexError, ValueError):
+        return None
+    lo = part.data_ptr() - buffer.data_ptr()
+    reach = sum((n - 1) * s for n, s in zip(part.size(), part.stride(), strict=True)) + 1
+    hi = lo + reach * part.element_size() if part.numel() else lo
+    if not start <= lo <= hi <= start + info.length:  # copied out (unaligned): not in place
+        return None
+    return tensor, (base + lo, hi - lo)
+
+
 class SafePlanner(DefaultLoadPlanner):
     """Loads non-tensor values with ``weights_only=True``."""
 
@@ -450,7 +540,7 @@ class _HashedFile(io.RawIOBase):
     def __init__(self, path: Path) -> None:
         super().__init__()
         self._file = path.open("xb")
-        self._blocks = BlockDigests()
+        self._blocks = BlockDigests(SHARD_BLOCK_BYTES)
         self._size = 0
         self._started = 0  # bytes whose write-back has been started
         self._told = False  # the last call was tell(): the next tell() starts an item

@@ -9,8 +9,10 @@ committed.
 
 from __future__ import annotations
 
+import base64
 import json
 import math
+import struct
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -26,10 +28,11 @@ from paratrain.checkpoint.verified_reads import (
 )
 from paratrain.errors import CheckpointError
 
-FORMAT_VERSION = 6
+FORMAT_VERSION = 7
 """1: one model and optimizer; 2: named models, schedulers, objects, loader positions;
 3: XXH3-64 checksums instead of CRC32; 4: files checked per block (``blocks``); 5: a mesh;
-6: tensors rewritten for another layout (``trained``)."""
+6: tensors rewritten for another layout (``trained``); 7: ``blocks`` written packed (base64 of
+little-endian 64-bit checksums: sharded files are checked per 32 KiB, thousands per file)."""
 MANIFEST = "manifest.json"
 MANIFEST_CHECKSUM = "manifest.xxh3"
 """XXH3-64 of manifest.json's bytes, in hex: a damaged manifest is skipped like a damaged file.
@@ -160,6 +163,10 @@ class Manifest:
             name: {k: v for k, v in record.items() if v is not None}
             for name, record in data["files"].items()
         }
+        if self.format_version >= 7:
+            for record in data["files"].values():
+                if "blocks" in record:
+                    record["blocks"] = pack_digests(record["blocks"])
         return json.dumps({**data, "global_batch": self.global_batch}, indent=1)
 
     @classmethod
@@ -197,6 +204,10 @@ class Manifest:
             files = raw.get("files", {})
             if not isinstance(files, dict):
                 raise TypeError("'files' is not an object")
+            if raw.get("format_version", 0) >= 7:
+                for record in files.values():
+                    if isinstance(record, dict) and "blocks" in record:
+                        record["blocks"] = unpack_digests(record["blocks"])
             raw["files"] = {k: FileRecord(**v) for k, v in files.items()}
             manifest = cls(**raw)
             _check_types(manifest)
@@ -237,6 +248,22 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "samples_in_epoch": (int,),
     "created": (int, float),
 }
+
+
+def pack_digests(digests: list[int]) -> str:
+    """64-bit checksums as text: base64 of their little-endian bytes (11 characters each, half
+    of a JSON list of numbers)."""
+    return base64.b64encode(struct.pack(f"<{len(digests)}Q", *digests)).decode("ascii")
+
+
+def unpack_digests(text: object) -> list[int]:
+    """The checksums :func:`pack_digests` wrote (ValueError/TypeError when ``text`` is not)."""
+    if not isinstance(text, str):
+        raise TypeError(f"packed blocks are a {type(text).__name__}, not text")
+    raw = base64.b64decode(text.encode("ascii"), validate=True)
+    if len(raw) % 8:
+        raise ValueError(f"packed blocks hold {len(raw)} bytes, not 8 per checksum")
+    return list(struct.unpack(f"<{len(raw) // 8}Q", raw))
 
 
 def manifest_checksum(text: bytes) -> bytes:

@@ -433,10 +433,12 @@ class CheckpointStore:
         manifest.files = records
         faults.emit("save_write")  # the files are written, the commit point is not
         # The lowest format that holds what this save uses, so older paratrain reads the rest:
-        # 6 records a reshard, 5 a mesh (tp, HSDP), 4 per-block checksums.
-        blocks = any(r.blocks is not None for r in records.values())
+        # 7 packs the many checksums of sharded files, 6 records a reshard, 5 a mesh (tp, HSDP),
+        # 4 per-block checksums.
+        blocks = [r.block_bytes for r in records.values() if r.blocks is not None]
+        fine = any(size < BLOCK_BYTES for size in blocks if size is not None)
         manifest.format_version = (
-            6 if manifest.trained else 5 if manifest.mesh else 4 if blocks else 3
+            7 if fine else 6 if manifest.trained else 5 if manifest.mesh else 4 if blocks else 3
         )
         manifest.created = time.time()
         text = manifest.to_json().encode()

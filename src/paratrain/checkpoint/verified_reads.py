@@ -247,8 +247,14 @@ def read_verified(path: Path, algorithm: str, expected: int, size: int) -> torch
 
 
 BLOCK_BYTES = 4 * 2**20
+"""Bytes per checksum in the files of a replicated checkpoint (safetensors, ``trainer.pt``):
+each is read whole, or a model window by window."""
+
+SHARD_BLOCK_BYTES = 32 * 2**10
 """Bytes per checksum in the files of a sharded (DCP) checkpoint: each rank reads and verifies
-only the blocks that hold what it loads (small replicated values may sit in any rank's file)."""
+only the blocks that hold what it loads. A rank resuming at another world size needs part of a
+stored piece (half of its rows, say): small blocks keep what it reads beyond that to a few
+percent (32 KiB: 8 bytes of checksum per 32 KiB, 0.03 % of the data in the manifest)."""
 
 
 class BlockDigests:
@@ -339,7 +345,7 @@ def _block_span(start: int, length: int, size: int, block_bytes: int) -> tuple[i
     return first // block_bytes, (end - 1) // block_bytes + 1
 
 
-def _window_groups(
+def window_groups(
     path: Path,
     size: int,
     block_bytes: int,
@@ -385,6 +391,91 @@ WINDOW_BYTES = 16 * 2**20
 is reused, so its pages are touched once per load, not once per byte of the file."""
 
 
+class BlockWindows:
+    """A file checked per block, read window by window into one reused buffer: only the
+    blocks asked for, each checked before anything sees it, and none read twice (a block the
+    window before read and this one needs again is moved to its new place, not read again).
+
+        with BlockWindows(path, size, block_bytes, digests, largest) as windows:
+            for first, end, members in groups:             # see window_groups
+                windows.start(first, end)                  # blocks first..end of the file
+                windows.fill([(start, length), ...])       # read and check what covers these
+                windows.buffer                             # the file's bytes from windows.base
+
+    Bytes of the window that no ``fill`` covered are left as they were (stale): read only
+    what was filled. ``fill`` may be called again (a second range that depends on the first).
+    """
+
+    def __init__(
+        self, path: Path, size: int, block_bytes: int, digests: list[int], largest: int
+    ) -> None:
+        self.path, self.size, self.block_bytes, self.digests = path, size, block_bytes, digests
+        self._all = torch.empty(max(0, min(largest, size)), dtype=torch.uint8)
+        self._view = self._all.numpy().data
+        self._first = self._end = 0
+        self._filled: set[int] = set()  # blocks of the current window read and checked
+        try:
+            self._fd = os.open(path, os.O_RDONLY)
+        except OSError as err:
+            raise CheckpointDamagedError(
+                f"{path.name} cannot be read ({err.strerror or err})"
+            ) from None
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+
+    def __enter__(self) -> BlockWindows:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self._fd)
+
+    @property
+    def base(self) -> int:
+        """The file offset of the buffer's first byte."""
+        return self._first * self.block_bytes
+
+    @property
+    def buffer(self) -> torch.Tensor:
+        """The window: the file's bytes ``base..`` (those filled are read and checked)."""
+        return self._all[: min(self.size, self._end * self.block_bytes) - self.base]
+
+    def start(self, first: int, end: int) -> None:
+        """Begin the window of blocks ``first..end``; blocks the window before filled that
+        lie in it are moved to their new place (windows come in file order)."""
+        block = self.block_bytes
+        kept = sorted(b for b in self._filled if first <= b < end) if first >= self._first else []
+        shift = (first - self._first) * block  # a multiple of the block: no overlap
+        for b in kept:
+            if shift:
+                at, n = (b - self._first) * block, min(block, self.size - b * block)
+                self._view[at - shift : at - shift + n] = self._view[at : at + n]
+        self._first, self._end, self._filled = first, end, set(kept)
+
+    def fill(self, ranges: list[tuple[int, int]]) -> None:
+        """Read and check the blocks of the window that cover ``ranges`` (file offsets, each
+        ``(start, length)``) and are not filled yet; runs of neighbouring blocks are read in
+        one call. CheckpointDamagedError names a damaged or unreadable block."""
+        block, first = self.block_bytes, self._first
+        needed: set[int] = set()
+        for start, length in ranges:
+            span = _block_span(start, length, self.size, block)
+            if span is not None:
+                needed.update(range(max(first, span[0]), min(self._end, span[1])))
+        wanted = sorted(needed - self._filled)
+        runs: list[list[int]] = []
+        for b in wanted:
+            if runs and runs[-1][1] == b:
+                runs[-1][1] = b + 1
+            else:
+                runs.append([b, b + 1])
+        for lo, hi in runs:
+            at, stop = (lo - first) * block, min(self.size, hi * block) - first * block
+            data = self._view[at:stop]
+            _read_exactly(self._fd, self.path, data, lo * block)
+            _check_window(self.path, data, lo * block, lo, block, self.digests)
+            self._filled.update(range(lo, hi))
+
+
 def read_windows_verified(
     path: Path,
     size: int,
@@ -411,43 +502,19 @@ def read_windows_verified(
                 start, length = ranges[i]
                 target[i].copy_(buffer[start - base : start - base + length])
     """
-    groups, empty = _window_groups(path, size, block_bytes, digests, wanted, window_bytes)
+    groups, empty = window_groups(path, size, block_bytes, digests, wanted, window_bytes)
     if empty:  # empty or outside the file: nothing to read for them
         yield torch.empty(0, dtype=torch.uint8), 0, empty
     if not groups:
         return
     largest = max((end - first) * block_bytes for first, end, _ in groups)
-    buffer = torch.empty(min(largest, size), dtype=torch.uint8)
-    view = buffer.numpy().data
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError as err:
-        raise CheckpointDamagedError(
-            f"{path.name} cannot be read ({err.strerror or err})"
-        ) from None
-    try:
-        if hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-        passes = (False, True) if verify_first else (True,)
-        for hand_over in passes:
-            held = (0, 0)  # the blocks of the window before, still in the buffer
+    with BlockWindows(path, size, block_bytes, digests, largest) as windows:
+        for hand_over in (False, True) if verify_first else (True,):
             for first, end, members in groups:
-                base = first * block_bytes
-                length = min(size, end * block_bytes) - base
-                # Blocks this window shares with the one before (a range straddling both)
-                # were read and checked already: moved to the front, not read again.
-                shared = max(0, min(end, held[1]) - first) if first >= held[0] else 0
-                done = min(length, shared * block_bytes)
-                at = (first - held[0]) * block_bytes
-                if done and at:
-                    view[:done] = bytes(view[at : at + done]) if at < done else view[at : at + done]
-                _read_exactly(fd, path, view[done:length], base + done)
-                _check_window(path, view[:length], base, first, block_bytes, digests)
-                held = (first, end)
+                windows.start(first, end)
+                windows.fill([(first * block_bytes, (end - first) * block_bytes)])
                 if hand_over:
-                    yield buffer[:length], base, members
-    finally:
-        os.close(fd)
+                    yield windows.buffer, windows.base, members
 
 
 def map_windows_verified(
@@ -477,7 +544,7 @@ def map_windows_verified(
     again as it is mapped; a file cut short after that would fault the process when read (a
     committed checkpoint's files are never rewritten in place).
     """
-    groups, empty = _window_groups(path, size, block_bytes, digests, wanted, window_bytes)
+    groups, empty = window_groups(path, size, block_bytes, digests, wanted, window_bytes)
     if empty:
         yield torch.empty(0, dtype=torch.uint8), 0, empty
     if not groups:
