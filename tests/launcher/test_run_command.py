@@ -296,3 +296,32 @@ def test_everything_after_the_module_belongs_to_the_module(
     assert cli.main(["verify-resume", "--kills", "2", "t.py", "--n", "5", "--json"]) == 0
     assert checked[-1].target == ["t.py", "--n", "5", "--json"] and checked[-1].kills == 2
     assert checked[-1].json is False  # the script's --json, not verify-resume's
+
+
+NEVER_CLOSED = """
+import atexit, os, sys
+import torch
+import torch.distributed as dist
+import paratrain as pt
+
+out = sys.argv[1]
+# Registered before the Run: atexit runs it after the Run's own handler (last in, first out).
+atexit.register(lambda: open(f"{out}/rank{os.environ['RANK']}", "w").write(
+    "destroyed" if not dist.is_initialized() else "alive"))
+run = pt.Run(strategy="ddp", accelerator="cpu", progress=False)
+net = torch.nn.Linear(3, 1)
+model, opt = run.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
+run.backward(model(torch.ones(2, 3)).sum())
+run.step(opt)
+# No run.close() and no `with`: as most scripts end.
+"""
+
+
+def test_a_run_never_closed_destroys_its_process_group_at_exit(tmp_path: Path) -> None:
+    """Left to interpreter finalization, gloo's threads can abort a rank that finished
+    (SIGABRT, "terminate called without an active exception"); a Run the script never closed
+    is closed at exit, while Python is whole, and its process group destroyed."""
+    proc = _run(tmp_path, NEVER_CLOSED, str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert [(tmp_path / f"rank{r}").read_text() for r in (0, 1)] == ["destroyed"] * 2
+    assert "terminate called" not in proc.stderr

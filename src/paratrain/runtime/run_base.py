@@ -13,6 +13,7 @@ leaves nothing behind. :class:`paratrain.Run` builds the training loop on top of
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import json
@@ -94,6 +95,11 @@ class RunBase:
         self._owns_group = False
         self._watchdog: Watchdog | None = None
         self._collectives: CollectiveLog | None = None
+        # Most scripts never close their run. Closed at interpreter exit instead, the process
+        # group is destroyed while Python is still whole: left to finalization, gloo's worker
+        # threads free their last work without a GIL to take, and the rank aborts (SIGABRT,
+        # "terminate called without an active exception") after its training has ended.
+        atexit.register(self.close)
         try:
             self._start(self.selection.backend)
         except BaseException:
@@ -289,10 +295,12 @@ class RunBase:
 
     # -- lifetime -------------------------------------------------------------------------
     def close(self) -> None:
-        """Close logs and destroy the process group this run created. Safe to call twice."""
+        """Close logs and destroy the process group this run created. Safe to call twice; a
+        run the script never closes is closed at interpreter exit."""
         if self._closed:
             return
         self._closed = True
+        atexit.unregister(self.close)
         if self._watchdog is not None:
             self._watchdog.stop()
         if self._collectives is not None:
