@@ -23,7 +23,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
 
-from paratrain.checkpoint import verified_reads
+from paratrain.checkpoint import dcp_io, verified_reads
 from paratrain.checkpoint.dcp_io import RecordingWriter, SafeReader
 from paratrain.checkpoint.manifest import FileRecord
 from paratrain.checkpoint.verified_reads import SHARD_BLOCK_BYTES
@@ -48,20 +48,33 @@ def _load_part(
 ) -> tuple[torch.Tensor, list[tuple[int, int]]]:
     """Load ``w[offsets : offsets + lengths]`` as a resuming rank does; the part and the
     (offset, bytes) of every read from the file."""
+    parts, reads = _load_parts(folder, records, {"w": (offsets, lengths)})
+    return parts["w"], reads
+
+
+def _load_parts(
+    folder: Path,
+    records: dict[str, FileRecord],
+    wanted: dict[str, tuple[tuple[int, int], tuple[int, int]]],
+) -> tuple[dict[str, torch.Tensor], list[tuple[int, int]]]:
+    """Load part ``(offsets, lengths)`` of each stored 2-D tensor named in ``wanted``."""
     reader = SafeReader(str(folder), records)
     meta = reader.read_metadata()
     reader.set_up_storage_reader(meta, is_coordinator=True)
-    part = torch.full(lengths, float("nan"))
+    parts = {name: torch.full(lengths, float("nan")) for name, (_, lengths) in wanted.items()}
     planner = DefaultLoadPlanner()
-    planner.set_up_planner({"w": part}, meta, is_coordinator=True)
-    item = ReadItem(
-        type=LoadItemType.TENSOR,
-        dest_index=MetadataIndex("w"),
-        dest_offsets=torch.Size([0, 0]),
-        storage_index=MetadataIndex("w", torch.Size([0, 0])),
-        storage_offsets=torch.Size(offsets),
-        lengths=torch.Size(lengths),
-    )
+    planner.set_up_planner(dict(parts), meta, is_coordinator=True)
+    items = [
+        ReadItem(
+            type=LoadItemType.TENSOR,
+            dest_index=MetadataIndex(name),
+            dest_offsets=torch.Size([0, 0]),
+            storage_index=MetadataIndex(name, torch.Size([0, 0])),
+            storage_offsets=torch.Size(offsets),
+            lengths=torch.Size(lengths),
+        )
+        for name, (offsets, lengths) in wanted.items()
+    ]
     reads: list[tuple[int, int]] = []
     real = verified_reads._read_exactly
 
@@ -70,8 +83,8 @@ def _load_part(
         real(fd, path, view, offset)
 
     with mock.patch.object(verified_reads, "_read_exactly", counted):
-        reader.read_data(LoadPlan([item]), planner).wait()
-    return part, reads
+        reader.read_data(LoadPlan(items), planner).wait()
+    return parts, reads
 
 
 @fast
@@ -98,6 +111,41 @@ def test_a_part_of_a_piece_reads_little_more_than_its_own_bytes(
     span = n * COLS * 4 if cols[1] == COLS else ((n - 1) * COLS + cols[1]) * 4
     assert read <= span + 4 * SHARD_BLOCK_BYTES
     assert read < w.nbytes or span + 4 * SHARD_BLOCK_BYTES >= w.nbytes
+
+
+@pytest.mark.parametrize("probe", [16, 128])
+def test_zip_records_beyond_what_was_read_make_the_whole_piece_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, probe: int
+) -> None:
+    """Where the head or tail read holds too little of the piece's zip records to find its
+    layout, the parser meets zeros (never stale bytes of another window) and the whole piece
+    is read and loaded."""
+    monkeypatch.setattr(dcp_io, "SHARD_BLOCK_BYTES", 64)  # blocks no larger than the reads
+    w, records = _saved(tmp_path)
+    monkeypatch.setattr(dcp_io, "_PROBE", probe)
+    part, reads = _load_part(tmp_path, records, (100, 0), (50, COLS))
+    assert torch.equal(part, w[100:150])
+    assert sum(n for _, n in reads) >= w.nbytes  # the whole piece: its layout was not found
+
+
+def test_a_piece_s_layout_is_never_taken_from_the_bytes_of_the_window_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two pieces alike, each in a window of its own, the buffer reused: the second piece's
+    records are not read (too small a probe), and the first one's, left at the same place in
+    the buffer, must not stand in for them."""
+    monkeypatch.setattr(dcp_io, "SHARD_BLOCK_BYTES", 64)
+    torch.manual_seed(1)
+    state = {"a": torch.randn(ROWS, COLS), "w": torch.randn(ROWS, COLS)}
+    writer = RecordingWriter(str(tmp_path), sync_files=True, overwrite=False)
+    dcp.save(state, storage_writer=writer, no_dist=True)
+    monkeypatch.setattr(dcp_io, "WINDOW_BYTES", 600 * 2**10)  # one piece per window
+    monkeypatch.setattr(dcp_io, "_PROBE", 16)
+    half = ((0, 0), (ROWS // 2, COLS))
+    parts, reads = _load_parts(tmp_path, writer.records, {"a": half, "w": half})
+    assert torch.equal(parts["a"], state["a"][: ROWS // 2])
+    assert torch.equal(parts["w"], state["w"][: ROWS // 2])
+    assert sum(n for _, n in reads) >= 2 * state["w"].nbytes  # both read whole
 
 
 def test_damage_in_the_part_is_refused_and_damage_elsewhere_in_the_piece_is_never_read(

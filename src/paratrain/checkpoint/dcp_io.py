@@ -408,6 +408,7 @@ class SafeReader(FileSystemReader):
                 windows.start(first, end)
                 part = [i for i in members if _part_of_piece(items[i], infos[i], planner)]
                 whole = [ranges[i] for i in members if i not in part]
+                windows.clear([ranges[i] for i in part])  # its layout is parsed from these
                 windows.fill(whole + [r for i in part for r in _zip_records(infos[i])])
                 kept: dict[int, torch.Tensor] = {}
                 spans = []

@@ -402,8 +402,9 @@ class BlockWindows:
                 windows.fill([(start, length), ...])       # read and check what covers these
                 windows.buffer                             # the file's bytes from windows.base
 
-    Bytes of the window that no ``fill`` covered are left as they were (stale): read only
-    what was filled. ``fill`` may be called again (a second range that depends on the first).
+    Bytes of the window that no ``fill`` covered are left as they were (stale) unless
+    ``clear`` zeroed them: read only what was filled. ``fill`` may be called again (a second
+    range that depends on the first).
     """
 
     def __init__(
@@ -451,24 +452,36 @@ class BlockWindows:
                 self._view[at - shift : at - shift + n] = self._view[at : at + n]
         self._first, self._end, self._filled = first, end, set(kept)
 
+    def clear(self, ranges: list[tuple[int, int]]) -> None:
+        """Zero the blocks of the window that cover ``ranges`` and are not filled: bytes that
+        were not read then hold zeros, never another window's bytes (a parser that strays
+        outside what was read finds nothing it could take for data)."""
+        for lo, hi in self._unfilled(ranges):
+            at = (lo - self._first) * self.block_bytes
+            self._all[at : min(self.size, hi * self.block_bytes) - self.base].zero_()
+
+    def _unfilled(self, ranges: list[tuple[int, int]]) -> list[list[int]]:
+        """Runs ``[first, end)`` of neighbouring blocks of the window that cover ``ranges`` and
+        are not filled yet."""
+        needed: set[int] = set()
+        for start, length in ranges:
+            span = _block_span(start, length, self.size, self.block_bytes)
+            if span is not None:
+                needed.update(range(max(self._first, span[0]), min(self._end, span[1])))
+        runs: list[list[int]] = []
+        for b in sorted(needed - self._filled):
+            if runs and runs[-1][1] == b:
+                runs[-1][1] = b + 1
+            else:
+                runs.append([b, b + 1])
+        return runs
+
     def fill(self, ranges: list[tuple[int, int]]) -> None:
         """Read and check the blocks of the window that cover ``ranges`` (file offsets, each
         ``(start, length)``) and are not filled yet; runs of neighbouring blocks are read in
         one call. CheckpointDamagedError names a damaged or unreadable block."""
         block, first = self.block_bytes, self._first
-        needed: set[int] = set()
-        for start, length in ranges:
-            span = _block_span(start, length, self.size, block)
-            if span is not None:
-                needed.update(range(max(first, span[0]), min(self._end, span[1])))
-        wanted = sorted(needed - self._filled)
-        runs: list[list[int]] = []
-        for b in wanted:
-            if runs and runs[-1][1] == b:
-                runs[-1][1] = b + 1
-            else:
-                runs.append([b, b + 1])
-        for lo, hi in runs:
+        for lo, hi in self._unfilled(ranges):
             at, stop = (lo - first) * block, min(self.size, hi * block) - first * block
             data = self._view[at:stop]
             _read_exactly(self._fd, self.path, data, lo * block)
