@@ -255,3 +255,29 @@ def test_a_streamed_conversion_reports_its_progress_in_bytes(tmp_path: Path) -> 
             progress=lambda done, total: seen.append((done, total)))  # fmt: skip
     assert [done for done, _ in seen] == [256, 512, 768, 1024]  # four 8x8 fp32 tensors
     assert {total for _, total in seen} == {1024}
+
+
+def test_a_torch_save_file_is_converted_without_a_copy_of_it_in_memory(tmp_path: Path) -> None:
+    """256 MiB in a torch.save file, to pt, safetensors and hf: its tensors are mapped from the
+    file and written from there, so the memory the process holds itself (``RssAnon``) grows by
+    far less than one 32 MiB tensor beyond converting a tiny file. Loading the file whole held
+    all 256 MiB, and a pt output was built in memory once more before it was written."""
+    tensor = 32 * 2**20
+    big = {f"layer.{i}.weight": torch.full((tensor // 4,), float(i)) for i in range(8)}
+    torch.save(big, tmp_path / "big.pt")
+    del big
+    torch.save({"w": torch.zeros(4)}, tmp_path / "tiny.pt")
+
+    def held(src: str, out: str, to: str) -> int:
+        args = ("ckpt", "convert", str(tmp_path / src), str(tmp_path / out), "--to", to)
+        return command_peak_bytes(*args, anonymous=True)
+
+    for to, out in (("pt", "o.pt"), ("safetensors", "o.safetensors"), ("hf", "o")):
+        baseline = held("tiny.pt", f"t-{out}", to)
+        peak = held("big.pt", out, to)
+        assert peak - baseline < tensor // 2, (to, (peak - baseline) / 2**20)
+    back = torch.load(tmp_path / "o.pt", weights_only=True)
+    assert sorted(back) == [f"layer.{i}.weight" for i in range(8)]
+    assert all(bool((back[f"layer.{i}.weight"] == i).all()) for i in range(8))
+    restored = load_file(str(tmp_path / "o.safetensors"))
+    assert all(torch.equal(restored[k], back[k]) for k in back)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import io
 import os
 import queue
 import sys
@@ -210,9 +209,10 @@ def atomic_replace(path: Path, write: Callable[[Path], object]) -> None:
 def atomic_torch_save(obj: object, path: Path) -> None:
     """``torch.save`` that leaves either the old file or the complete new one, never half."""
 
-    def write(tmp: Path) -> None:
-        buffer = io.BytesIO()
-        torch.save(obj, buffer)
-        write_bytes_durable(tmp, buffer.getvalue())
+    def write(tmp: Path) -> None:  # straight to the file: no copy of the whole state in memory
+        with tmp.open("xb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
 
     atomic_replace(path, write)

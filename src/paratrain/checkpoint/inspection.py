@@ -282,7 +282,7 @@ def convert(
             "path": str(dst),
             "stripped": sum(k != strip_wrappers(k) for k in source.entries),
         }
-    state, fmt = read_state_dict(src, trust=trust)
+    state, fmt = read_state_dict(src, trust=trust, lazy=True)  # a .pt is mapped, not copied
     names = _output_names(list(state), src, rename)
     clean = {new: state[old].contiguous() for new, old in names.items()}
     _write(clean, dst, to, src, max_shard_bytes)

@@ -170,8 +170,11 @@ def read_state_dict(
     map_location: MapLocation = "cpu",
     trust: bool = False,
     storage_options: dict[str, Any] | None = None,
+    lazy: bool = False,
 ) -> tuple[dict[str, torch.Tensor], str]:
     """The tensors stored at ``path`` (file, folder or URL) and the name of the format.
+    ``lazy``: a torch.save zip file's tensors are mapped from the file, read as they are used
+    (a conversion then holds no copy of the whole state).
 
     Raises CheckpointError for anything that is not a readable checkpoint.
     """
@@ -184,7 +187,7 @@ def read_state_dict(
     if path.is_dir():
         state, fmt = _read_dir(path, map_location, trust)
     elif path.is_file():
-        state, fmt = read_weights_file(path, map_location, trust=trust)
+        state, fmt = read_weights_file(path, map_location, trust=trust, lazy=lazy)
     else:
         raise CheckpointError(f"{path} is not a regular file or a folder. {ACCEPTED}")
     odd = [k for k, v in state.items() if v.layout != torch.strided or v.is_quantized or v.is_meta]

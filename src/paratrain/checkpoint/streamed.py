@@ -10,7 +10,8 @@ files' headers, without reading a tensor. The output's headers are computed from
 each tensor is read into a buffer of its own size, written, and dropped: a conversion holds one
 tensor (the largest, at worst) besides the interpreter, whatever the checkpoint's size. A DCP
 folder (or a sharded paratrain checkpoint) is read in groups of at most 256 MiB of tensors
-(:func:`dcp_source`). What ``convert`` does for other inputs (torch.save files) reads them whole.
+(:func:`dcp_source`). ``convert`` maps a torch.save zip file's tensors from the file instead
+(``read_state_dict(lazy=True)``); legacy pickles are read whole.
 """
 
 from __future__ import annotations

@@ -34,9 +34,11 @@ _MAX_NESTING = 8
 
 
 def read_weights_file(
-    path: Path, map_location: MapLocation, *, trust: bool
+    path: Path, map_location: MapLocation, *, trust: bool, lazy: bool = False
 ) -> tuple[dict[str, Any], str]:
-    """The tensors of the weights file ``path`` and the name of its format."""
+    """The tensors of the weights file ``path`` and the name of its format. ``lazy``: the
+    tensors of a torch.save zip file are mapped from the file (``torch.load(mmap=True)``), read
+    as they are used; its records' CRCs are checked first, in one pass."""
     try:
         size = path.stat().st_size
         with path.open("rb") as f:
@@ -58,7 +60,8 @@ def read_weights_file(
             f"{path} is not a checkpoint: it is neither a torch.save file (zip or pickle) nor "
             f"a safetensors file (it starts with {head[:8]!r}). {ACCEPTED}"
         )
-    return _extract(_torch_load(path, map_location, trust), path), fmt
+    mapped = lazy and fmt == "torch.save (zip)"  # legacy pickles cannot be mapped
+    return _extract(_torch_load(path, map_location, trust, mmap=mapped), path), fmt
 
 
 def read_safetensors(path: Path, map_location: MapLocation) -> dict[str, torch.Tensor]:
@@ -97,9 +100,9 @@ def _check_zip(path: Path, size: int) -> None:
         )
 
 
-def _torch_load(path: Path, map_location: MapLocation, trust: bool) -> Any:
+def _torch_load(path: Path, map_location: MapLocation, trust: bool, *, mmap: bool = False) -> Any:
     try:
-        return torch.load(path, map_location=map_location, weights_only=not trust)
+        return torch.load(path, map_location=map_location, weights_only=not trust, mmap=mmap)
     except pickle.UnpicklingError as err:
         text = str(err)
         refused = re.search(r"GLOBAL (\S+)", text)
