@@ -9,7 +9,9 @@ The state: fp32 tensors of 16 MiB each (``--mib`` in all), written once in each 
 (``pt``: torch.save; ``safetensors``: one file; ``hf``: a folder of 100 MB shards and its index;
 ``dcp``: torch.distributed.checkpoint). Each conversion runs in a fresh process, which times the
 ``convert`` call alone (its modules imported before the clock) and reports its peak resident
-memory (``VmHWM``) beyond the same process converting a 16-byte file. The reference is a raw
+memory (``VmHWM``) and the memory it held itself (``RssAnon``, sampled every millisecond: without
+the input's pages mapped from the page cache) beyond the same process converting a 16-byte file.
+The reference is a raw
 copy of the same bytes in the same run: the input files read into a buffer, written to one file,
 fsynced. The table shows, per pair, the
 median seconds, the ratio raw ÷ convert (higher is better; target 0.9), and the peak over the
@@ -40,18 +42,32 @@ FORMATS = ("pt", "safetensors", "hf", "dcp")
 TENSOR_MIB = 16
 
 CHILD = """
-import sys, time
+import sys, threading, time
 import torch.distributed.checkpoint  # imported before the clock: a conversion is timed, not imports
 import paratrain.checkpoint.inspection
 from paratrain.commands.cli import main
+
+def status(field):
+    line = next(l for l in open("/proc/self/status") if l.startswith(field + ":"))
+    return int(line.split()[1]) * 1024
+
+held, stop = [0], threading.Event()
+def sample():
+    while not stop.is_set():
+        held[0] = max(held[0], status("RssAnon"))
+        time.sleep(0.001)
+sampler = threading.Thread(target=sample, daemon=True)
+sampler.start()
 start = time.perf_counter()
 try:
     main(["ckpt", "convert", *sys.argv[1:]])
 except SystemExit as done:
     assert not done.code, done.code
 took = time.perf_counter() - start
-hwm = next(l for l in open("/proc/self/status") if l.startswith("VmHWM:"))
-print(took, int(hwm.split()[1]) * 1024)  # this process's own peak (ru_maxrss keeps the parent's)
+stop.set()
+sampler.join()
+# this process's own peak (ru_maxrss keeps the parent's), and the anonymous memory it held
+print(took, status("VmHWM"), max(held[0], status("RssAnon")))
 """
 
 
@@ -59,7 +75,7 @@ RESHARDS = (("one process", "fsdp", 4), ("fsdp 4", "fsdp", 2), ("fsdp 2", "singl
 """(input, --to-layout, --world): each row reads the previous row's output."""
 
 
-def _run(src: Path, dst: Path, to: str) -> tuple[float, int]:
+def _run(src: Path, dst: Path, to: str) -> tuple[float, int, int]:
     args = [sys.executable, "-c", CHILD, str(src), str(dst), "--to", to]
     if to == "hf":
         args += ["--max-shard-size", "100MB"]
@@ -70,8 +86,8 @@ def _run(src: Path, dst: Path, to: str) -> tuple[float, int]:
     done = subprocess.run(args, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
         raise SystemExit(f"{src.name} -> {to} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
-    seconds, peak = done.stdout.split()[-2:]
-    return float(seconds), int(peak)
+    seconds, peak, held = done.stdout.split()[-3:]
+    return float(seconds), int(peak), int(held)
 
 
 def _raw_copy(src: Path, dst: Path) -> float:
@@ -120,28 +136,30 @@ def _training_state(folder: Path, mib: int) -> Path:
     return next((folder / "train").glob("step-*"))
 
 
-def _reshard_rows(folder: Path, mib: int, repeats: int, baseline: int) -> None:
+def _reshard_rows(folder: Path, mib: int, repeats: int, baseline: tuple[int, int]) -> None:
     src = _training_state(folder, mib)
     for r, (name, layout, world) in enumerate(RESHARDS):
         times, raws, peaks = [], [], []
         for k in range(repeats):
             out = folder / f"reshard-{r}-{k}"
-            seconds, peak = _run(src, out, f"reshard {layout} {world}")
+            seconds, peak, held = _run(src, out, f"reshard {layout} {world}")
             raws.append(_raw_copy(src, folder / "raw.bin"))
             times.append(seconds)
-            peaks.append(peak - baseline)
+            peaks.append((peak - baseline[0], held - baseline[1]))
             if k < repeats - 1:
                 shutil.rmtree(out)
         src = next(out.glob("step-*"))
         _row(name, f"reshard {layout} {world}", times, raws, peaks)
 
 
-def _row(src: str, to: str, times: list[float], raws: list[float], peaks: list[int]) -> None:
+def _row(
+    src: str, to: str, times: list[float], raws: list[float], peaks: list[tuple[int, int]]
+) -> None:
     ratios = [raw / t for raw, t in zip(raws, times, strict=True)]
     print(
         f"| {src} | {to} | {statistics.median(times):.2f} | {statistics.median(raws):.2f} | "
         f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f}) | "
-        f"{max(peaks) / 2**20:.0f} |",
+        f"{max(p for p, _ in peaks) / 2**20:.0f} | {max(h for _, h in peaks) / 2**20:.0f} |",
         flush=True,
     )
 
@@ -156,14 +174,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         folder = Path(tmp)
         torch.save({"w": torch.zeros(4)}, folder / "tiny.pt")
-        _, baseline = _run(folder / "tiny.pt", folder / "tiny-out.pt", "pt")
+        _, *base = _run(folder / "tiny.pt", folder / "tiny-out.pt", "pt")
+        baseline = (base[0], base[1])
         print(
             f"{args.mib} MiB state ({TENSOR_MIB} MiB tensors), {args.repeats} repeats, torch "
             f"{torch.__version__}; ratio = raw copy ÷ convert (higher is better); peak = "
-            f"resident memory beyond a 16-byte conversion ({baseline / 2**20:.0f} MiB)\n"
+            f"resident memory, held = anonymous memory, beyond a 16-byte conversion "
+            f"({baseline[0] / 2**20:.0f} / {baseline[1] / 2**20:.0f} MiB)\n"
         )
-        print("| from | to | convert median s | raw copy median s | ratio (min–max) | peak MiB |")
-        print("|---|---|---:|---:|---:|---:|")
+        print(
+            "| from | to | convert median s | raw copy median s | ratio (min–max) | peak MiB "
+            "| held MiB |"
+        )
+        print("|---|---|---:|---:|---:|---:|---:|")
         if args.only != "reshard":
             inputs = _inputs(folder, args.mib)
             for src_fmt in FORMATS:
@@ -171,10 +194,10 @@ def main() -> None:
                     times, raws, peaks = [], [], []
                     for r in range(args.repeats):
                         out = folder / f"out-{src_fmt}-{to}-{r}"
-                        seconds, peak = _run(inputs[src_fmt], out, to)
+                        seconds, peak, held = _run(inputs[src_fmt], out, to)
                         raws.append(_raw_copy(inputs[src_fmt], folder / "raw.bin"))
                         times.append(seconds)
-                        peaks.append(peak - baseline)
+                        peaks.append((peak - baseline[0], held - baseline[1]))
                         shutil.rmtree(out, ignore_errors=True)
                         out.unlink(missing_ok=True)
                     _row(src_fmt, to, times, raws, peaks)
