@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -281,3 +282,24 @@ def test_a_torch_save_file_is_converted_without_a_copy_of_it_in_memory(tmp_path:
     assert all(bool((back[f"layer.{i}.weight"] == i).all()) for i in range(8))
     restored = load_file(str(tmp_path / "o.safetensors"))
     assert all(torch.equal(restored[k], back[k]) for k in back)
+
+
+def test_a_torch_save_file_torch_cannot_map_is_read_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from paratrain.checkpoint.loading import read_state_dict
+
+    real = torch.load
+    mapped: list[bool] = []
+
+    def load(*args: Any, mmap: bool = False, **kwargs: Any) -> Any:
+        mapped.append(mmap)
+        if mmap:
+            raise RuntimeError("this file cannot be mapped")
+        return real(*args, **kwargs)
+
+    torch.save({"w": torch.arange(4.0)}, tmp_path / "w.pt")
+    monkeypatch.setattr(torch, "load", load)
+    state, fmt = read_state_dict(tmp_path / "w.pt", lazy=True)
+    assert torch.equal(state["w"], torch.arange(4.0)) and fmt == "torch.save (zip)"
+    assert mapped == [True, False]

@@ -60,8 +60,12 @@ def read_weights_file(
             f"{path} is not a checkpoint: it is neither a torch.save file (zip or pickle) nor "
             f"a safetensors file (it starts with {head[:8]!r}). {ACCEPTED}"
         )
-    mapped = lazy and fmt == "torch.save (zip)"  # legacy pickles cannot be mapped
-    return _extract(_torch_load(path, map_location, trust, mmap=mapped), path), fmt
+    if lazy and fmt == "torch.save (zip)":  # legacy pickles cannot be mapped
+        try:
+            return _extract(_torch_load(path, map_location, trust, mmap=True), path), fmt
+        except CheckpointError:  # a file torch cannot map: read whole, its own error if any
+            pass
+    return _extract(_torch_load(path, map_location, trust), path), fmt
 
 
 def read_safetensors(path: Path, map_location: MapLocation) -> dict[str, torch.Tensor]:
