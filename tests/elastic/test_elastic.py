@@ -1,5 +1,6 @@
 """An elastic job loses a node and goes on: two ``paratrain run --nnodes 1:2`` agents on this
-machine act as two nodes (c10d rendezvous on loopback, one rank each). Once the job has taken 6
+machine act as two nodes (c10d rendezvous on loopback, one rank each; the first hosts the
+rendezvous store, and the second starts once it listens). Once the job has taken 6
 steps, the second agent and its rank are SIGKILLed. The first agent's rank fails on the lost
 peer, torchrun re-forms the job with one node, and the run resumes from its newest checkpoint at
 world size 1 with grad_accum 2, keeping the global batch of 16.
@@ -41,6 +42,20 @@ def _agent(run_dir: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(command, env=ENV, stdout=log.open("wb"), stderr=subprocess.STDOUT)
 
 
+def _wait_listening(port: int, proc: subprocess.Popen[bytes], log: Path) -> None:
+    """Until ``proc``'s agent listens on ``port`` (its rendezvous store): started before that,
+    the second agent may host the store itself (on a busy machine an agent takes seconds to
+    start), and killing that node would then take the store away from the survivor."""
+    deadline = time.monotonic() + 120
+    while not any(
+        c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+        for c in psutil.net_connections(kind="tcp")
+    ):
+        assert proc.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, "the first agent never listened on its port"
+        time.sleep(0.05)
+
+
 def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
     try:
         tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
@@ -75,7 +90,7 @@ def test_losing_a_node_goes_on_at_the_same_global_batch(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     run_dir, port = tmp_path / "elastic", free_port()
     first = _agent(run_dir, port, tmp_path / "first.log")
-    time.sleep(0.5)
+    _wait_listening(port, first, tmp_path / "first.log")  # the first node hosts the store
     second = _agent(run_dir, port, tmp_path / "second.log")
     try:
         deadline = time.monotonic() + 180
