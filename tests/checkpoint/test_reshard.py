@@ -24,9 +24,10 @@ from torch import nn
 
 import paratrain as pt
 from paratrain.checkpoint.dcp_io import read_metadata
+from paratrain.checkpoint.dcp_writer import fsdp_rows
 from paratrain.checkpoint.inspection import convert, inspect
 from paratrain.checkpoint.manifest import Manifest
-from paratrain.checkpoint.reshard import fsdp_rows, reshard
+from paratrain.checkpoint.reshard import reshard
 from paratrain.checkpoint.restore import load_trainer
 from paratrain.commands.cli import main
 from paratrain.errors import CheckpointError

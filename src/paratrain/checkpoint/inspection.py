@@ -267,14 +267,21 @@ def convert(
     dst = check_new(dst, "The output path", CheckpointError)
     source = (
         None
-        if is_url(src) or to not in ("safetensors", "hf")
+        if is_url(src)
         else streamed_source(existing(src, "The checkpoint path", CheckpointError))
     )
-    if source is not None:  # safetensors in and out: one tensor in memory at a time
+    if source is not None:  # safetensors and DCP inputs: one tensor in memory at a time
         names = _output_names(list(source.entries), src, rename)
-        write_streamed(
-            source, names, dst, to=to, max_shard_bytes=max_shard_bytes, progress=progress
-        )
+        try:
+            write_streamed(
+                source, names, dst, to=to, max_shard_bytes=max_shard_bytes, progress=progress
+            )
+        except OSError as err:
+            raise CheckpointError(
+                f"Converting {src} to {dst} failed ({describe(err)}). Check that the input "
+                "can be read, that the output's folder is writable and that the disk has room; "
+                "nothing was written."
+            ) from None
         return {
             "from": source.fmt,
             "to": to,

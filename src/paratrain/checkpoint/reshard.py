@@ -21,33 +21,21 @@ on an error.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.distributed.checkpoint._nested_dict import unflatten_state_dict
-from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
-from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import (
-    ChunkStorageMetadata,
-    MetadataIndex,
-    TensorProperties,
     TensorStorageMetadata,
 )
-from torch.distributed.checkpoint.planner import (
-    TensorWriteData,
-    WriteItem,
-    WriteItemType,
-)
-from torch.distributed.checkpoint.storage import WriteResult
 
 from paratrain.checkpoint.dcp_io import DcpTensors, RecordingWriter, read_metadata
+from paratrain.checkpoint.dcp_writer import Ref, write_dcp
 from paratrain.checkpoint.manifest import MANIFEST, FileRecord, Manifest
 from paratrain.checkpoint.restore import _flat_optimizer, load_trainer, stems
 from paratrain.checkpoint.safetensors_io import StoredTensor, file_entries
@@ -60,24 +48,6 @@ from paratrain.errors import CheckpointError
 LAYOUTS = ("fsdp", "ddp", "single")
 """Target layouts: FSDP over ``world`` ranks (sharded), DDP over ``world`` ranks or one process
 (one full copy)."""
-
-
-@dataclass(frozen=True, eq=False)
-class Ref:
-    """One tensor of the input, not read yet: ``read()`` gives it (from its file)."""
-
-    key: str
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-    read: Callable[[], torch.Tensor]
-    order: int
-    """Position in the input (tensors are read in this order)."""
-    split: bool = False
-    """True when a DCP input holds it in several pieces along dim 0 (a sharded parameter)."""
-
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * self.dtype.itemsize
 
 
 def reshard(
@@ -454,54 +424,6 @@ def _read_from(refs: dict[str, Ref]) -> Callable[[str], torch.Tensor]:
 
 
 # -- an FSDP output ----------------------------------------------------------------------------
-@dataclass(frozen=True, eq=False)
-class _Piece:
-    """The rows ``start .. start + rows`` of a tensor, as one rank of the output saves them
-    (``split``: a DTensor's shard; else a whole replicated tensor, saved once)."""
-
-    ref: Ref
-    start: int
-    rows: int
-    split: bool
-
-    def __create_write_items__(self, fqn: str, obj: object) -> list[WriteItem]:
-        shape = self.ref.shape
-        offsets = torch.Size([self.start, *[0] * (len(shape) - 1)] if shape else [])
-        sizes = torch.Size([self.rows, *shape[1:]] if shape else [])
-        return [
-            WriteItem(
-                index=MetadataIndex(fqn, offsets),
-                type=WriteItemType.SHARD if self.split else WriteItemType.TENSOR,
-                tensor_data=TensorWriteData(
-                    chunk=ChunkStorageMetadata(offsets=offsets, sizes=sizes),
-                    properties=TensorProperties(dtype=self.ref.dtype),
-                    size=torch.Size(shape),
-                ),
-            )
-        ]
-
-    def of(self, full: torch.Tensor) -> torch.Tensor:
-        """This piece of the whole tensor, on a storage of its own bytes alone (torch.save
-        writes the whole storage of a view): a slice of ``full``'s storage, no copy."""
-        if not self.split:
-            return full
-        if not full.is_contiguous() or full.storage_offset():
-            return full.narrow(0, self.start, self.rows).clone()
-        row = math.prod(self.ref.shape[1:]) * full.element_size()
-        storage = full.untyped_storage()[self.start * row : (self.start + self.rows) * row]
-        shape = (self.rows, *self.ref.shape[1:])
-        stride = tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
-        return torch.empty(0, dtype=full.dtype).set_(storage, 0, shape, stride)
-
-
-def fsdp_rows(length: int, rank: int, world: int) -> tuple[int, int]:
-    """(first row, rows) of dim 0 that FSDP gives ``rank`` of ``world``: ``torch.chunk``'s
-    split, ceil(length / world) rows a rank, the last ranks short or empty."""
-    per = -(-length // world)
-    start = min(rank * per, length)
-    return start, min(per, length - start)
-
-
 def _sharded(states: States) -> set[int]:
     """ids of the refs FSDP shards: every parameter (a tensor with optimizer state or in a
     parameter group, or one the input held in pieces) and its state of the same shape."""
@@ -532,97 +454,17 @@ def _sharded(states: States) -> set[int]:
     return sharded
 
 
-def _rank_tree(tree: Any, rank: int, world: int, sharded: set[int]) -> Any:
-    if isinstance(tree, Ref):
-        if id(tree) in sharded:
-            start, rows = fsdp_rows(tree.shape[0], rank, world)
-            return _Piece(tree, start, rows, split=True)
-        return _Piece(tree, 0, tree.shape[0] if tree.shape else 0, split=False)
-    if isinstance(tree, dict):
-        return {k: _rank_tree(v, rank, world, sharded) for k, v in tree.items()}
-    if isinstance(tree, list):
-        return [_rank_tree(v, rank, world, sharded) for v in tree]
-    return tree
-
-
 def _write_dcp(
     folder: Path, states: States, world: int, wrote: Callable[[int], None]
 ) -> dict[str, FileRecord]:
-    """Write ``states`` as the DCP folder ``world`` FSDP ranks would save: DCP's own planner
-    plans every rank's items (and which rank writes each replicated one); each tensor is then
-    read once and its pieces appended to the files of the ranks that hold them."""
-    folder.mkdir()
-    sharded = _sharded(states)
+    """``states`` as the DCP folder ``world`` FSDP ranks would save (:func:`write_dcp`)."""
     tree: dict[str, Any] = {}
     for name, (model, optim) in states.items():
         model_stem, optim_stem = stems(name)
         tree[model_stem] = model
         if optim:
             tree[optim_stem] = optim
-    writer = RecordingWriter(str(folder), sync_files=True, overwrite=False)
-    writer.set_up_storage_writer(True)
-    planners = [DefaultSavePlanner() for _ in range(world)]
-    plans = []
-    for rank, planner in enumerate(planners):
-        planner.set_up_planner(
-            state_dict=_rank_tree(tree, rank, world, sharded),
-            storage_meta=writer.storage_meta(),
-            is_coordinator=rank == 0,
-        )
-        plans.append(writer.prepare_local_plan(planner.create_local_plan()))
-    plans, metadata = planners[0].create_global_plan(plans)
-    plans = writer.prepare_global_plan(plans)
-    work: dict[int, list[tuple[int, WriteItem, _Piece]]] = {}
-    results: list[list[WriteResult]] = [[] for _ in range(world)]
-    with contextlib.ExitStack() as stack:
-        files = {
-            rank: stack.enter_context(writer.fs.create_stream(folder / f"__{rank}_0.distcp", "wb"))
-            for rank in range(world)
-        }
-
-        def put(rank: int, item: WriteItem, write: Callable[[Any], object]) -> None:
-            f = files[rank]
-            f.tell()  # two calls in a row: the item starts aligned, as DCP's items do here
-            offset = f.tell()
-            write(f)
-            length = f.tell() - offset
-            results[rank].append(
-                WriteResult(
-                    index=item.index,
-                    size_in_bytes=length,
-                    storage_data=_StorageInfo(f"__{rank}_0.distcp", offset, length),
-                )
-            )
-
-        for rank, (planner, plan) in enumerate(zip(planners, plans, strict=True)):
-            planner.finish_plan(plan)
-            for item in plan.items:
-                if item.type == WriteItemType.BYTE_IO:
-                    data = planner.resolve_data(item)
-                    put(rank, item, _bytes_writer(data))
-                    continue
-                piece = planner.state_dict[item.index.fqn]
-                assert isinstance(piece, _Piece)
-                work.setdefault(piece.ref.order, []).append((rank, item, piece))
-        for order in sorted(work):
-            holders = work[order]
-            full = holders[0][2].ref.read().contiguous()
-            for rank, item, piece in holders:
-                put(rank, item, _tensor_writer(piece.of(full)))
-            wrote(holders[0][2].ref.nbytes)
-            del full
-        for f in files.values():
-            os.fsync(f.fileno())
-    writer.finish(metadata, results)
-    return dict(writer.records)
-
-
-def _bytes_writer(data: Any) -> Callable[[Any], object]:
-    return lambda f: f.write(data.getbuffer())
-
-
-def _tensor_writer(tensor: torch.Tensor) -> Callable[[Any], object]:
-    return lambda f: torch.save(tensor, f)  # each tensor as DCP's FileSystemWriter writes it
+    return write_dcp(folder, tree, world=world, sharded=_sharded(states), wrote=wrote)
 
 
 # -- the manifest -----------------------------------------------------------------------------

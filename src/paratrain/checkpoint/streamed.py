@@ -1,4 +1,4 @@
-"""Conversions between safetensors files and folders, one tensor in memory at a time.
+"""Conversions that hold one tensor in memory at a time, whatever the checkpoint's size.
 
     source = streamed_source(Path("gpt-hf"))           # safetensors files and folders, DCP
     if source is not None:                             # folders, paratrain checkpoints
@@ -7,11 +7,13 @@
 
 A source lists every tensor (name, dtype, shape, the file and byte range holding it) from the
 files' headers, without reading a tensor. The output's headers are computed from that list, then
-each tensor is read into a buffer of its own size, written, and dropped: a conversion holds one
-tensor (the largest, at worst) besides the interpreter, whatever the checkpoint's size. A DCP
-folder (or a sharded paratrain checkpoint) is read in groups of at most 256 MiB of tensors
-(:func:`dcp_source`). ``convert`` maps a torch.save zip file's tensors from the file instead
-(``read_state_dict(lazy=True)``); legacy pickles are read whole.
+each tensor is read into a buffer of its own size, written, and dropped. Every output format is
+written this way: a safetensors file, a Hugging Face folder, a torch.save file
+(:mod:`~paratrain.checkpoint.torch_save_writer`) and a DCP folder
+(:mod:`~paratrain.checkpoint.dcp_writer`). A DCP folder (or a sharded paratrain checkpoint) is
+read in groups of at most 256 MiB of tensors (:func:`dcp_source`). ``convert`` maps a
+torch.save zip file's tensors from the file instead (``read_state_dict(lazy=True)``); legacy
+pickles are read whole.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,6 +33,7 @@ import torch
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from paratrain.checkpoint.dcp_io import DcpTensors, model_prefix, read_metadata
+from paratrain.checkpoint.dcp_writer import Ref, write_dcp
 from paratrain.checkpoint.durable_writes import fsync_dir, write_bytes_durable
 from paratrain.checkpoint.hf_folder import DEFAULT_SHARD_BYTES, INDEX, hf_shards, is_hf_folder
 from paratrain.checkpoint.manifest import MANIFEST, Manifest
@@ -40,6 +44,7 @@ from paratrain.checkpoint.safetensors_io import (
     tied_in,
     untie,
 )
+from paratrain.checkpoint.torch_save_writer import write_torch_save
 from paratrain.errors import CheckpointError
 
 
@@ -88,12 +93,15 @@ class Source:
 
 
 def _from_files(entries: dict[Path, list[StoredTensor]], tied: dict[str, str], fmt: str) -> Source:
-    return Source(
-        {e.name: e for found in entries.values() for e in found},
-        tied,
-        fmt,
-        files={e.name: path for path, found in entries.items() for e in found},
-    )
+    """The tensors of files; a tied name the files leave out (written once, under the name it
+    is tied to) is listed too, read from the same bytes."""
+    listed = {e.name: e for found in entries.values() for e in found}
+    files = {e.name: path for path, found in entries.items() for e in found}
+    for name, kept in tied.items():
+        if name not in listed and kept in listed:
+            listed[name] = replace(listed[kept], name=name)
+            files[name] = files[kept]
+    return Source(listed, tied, fmt, files=files)
 
 
 def safetensors_source(path: Path) -> Source | None:
@@ -185,20 +193,23 @@ def write_streamed(
     progress: Callable[[int, int], None] | None = None,
 ) -> None:
     """Write the tensors ``names`` maps (output name -> source name) at the new path ``dst`` as
-    one safetensors file (``to="safetensors"``) or a Hugging Face folder (``to="hf"``, tied names
-    written once), one tensor in memory at a time; nothing is left at ``dst`` on an error.
+    ``to``: one safetensors file, a Hugging Face folder (tied names written once), a torch.save
+    file (tied names sharing one storage, as in a ``state_dict()``) or a one-rank DCP folder;
+    one tensor in memory at a time; nothing is left at ``dst`` on an error.
     ``progress(done, total)`` is called with the bytes written after each tensor."""
     entries = {new: source.entries[old] for new, old in names.items()}
-    ties: dict[str, str] = {}
-    if to == "hf":  # a tied name whose kept name is written too is dropped, and recorded
+    ties: dict[str, str] = {}  # an output name -> the output name whose storage it shares
+    if to in ("hf", "pt"):
         back = {old: new for new, old in names.items()}
         for new, old in names.items():
             kept = source.tied.get(old)
             if kept is not None and kept in back:
                 ties[new] = back[kept]
+    if to == "hf":  # a tied name whose kept name is written too is dropped, and recorded
         entries = {k: v for k, v in entries.items() if k not in ties}
     files = _shards(entries, max_shard_bytes) if to == "hf" else [("", list(entries))]
-    total, done = sum(e.nbytes for e in entries.values()), 0
+    total = sum(e.nbytes for k, e in entries.items() if to != "pt" or k not in ties)
+    done = 0
 
     def wrote(nbytes: int) -> None:
         nonlocal done
@@ -206,12 +217,15 @@ def write_streamed(
         if progress is not None:
             progress(done, total)
 
+    def read(name: str) -> torch.Tensor:
+        return source.read(names[name])
+
     dst.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".tmp-{dst.name}-", dir=dst.parent))
     try:
         if to == "hf":
             for file_name, members in files:
-                _write_file(staging / file_name, members, entries, names, source, wrote)
+                _write_file(staging / file_name, members, entries, read, wrote)
             index = {
                 "metadata": {"total_size": total, **({"tied": ties} if ties else {})},
                 "weight_map": {n: f for f, members in files for n in members},
@@ -220,8 +234,18 @@ def write_streamed(
             fsync_dir(staging)
             os.rename(staging, dst)
         else:
-            _write_file(staging / "out.safetensors", files[0][1], entries, names, source, wrote)
-            os.rename(staging / "out.safetensors", dst)
+            out = staging / "out"
+            if to == "safetensors":
+                _write_file(out, files[0][1], entries, read, wrote)
+            elif to == "pt":
+                write_torch_save(out, entries, read, tied=ties, wrote=wrote)
+            else:  # dcp: one rank's folder, as dcp.save writes a state dict in one process
+                tree = {
+                    k: Ref(k, e.dtype, tuple(e.shape), partial(read, k), order)
+                    for order, (k, e) in enumerate(entries.items())
+                }
+                write_dcp(out, tree, world=1, sharded=set(), wrote=wrote)
+            os.rename(out, dst)
             shutil.rmtree(staging)
         fsync_dir(dst.parent)
     except BaseException:
@@ -248,15 +272,12 @@ def _write_file(
     path: Path,
     members: list[str],
     entries: Mapping[str, StoredTensor],
-    names: Mapping[str, str],
-    source: Source,
+    read: Callable[[str], torch.Tensor],
     wrote: Callable[[int], None],
 ) -> None:
-    """One safetensors file of ``members``, each tensor read from ``source`` in turn."""
+    """One safetensors file of ``members``, each tensor got by ``read(name)`` in turn."""
     with path.open("wb") as f:
-        write_tensors(
-            f, {m: entries[m] for m in members}, lambda n: source.read(names[n]), wrote=wrote
-        )
+        write_tensors(f, {m: entries[m] for m in members}, read, wrote=wrote)
         f.flush()
         os.fsync(f.fileno())
 

@@ -1,0 +1,202 @@
+"""torch.save files and DCP folders written one tensor at a time by ``ckpt convert``.
+
+The torch.save writer must give the file torch.save gives (the same pickle and records, so that
+any torch reads it, mapped or not), and a conversion to pt or dcp must hold one tensor (a DCP
+input: one group of tensors) in memory, not the whole state.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from paratrain.checkpoint.dcp_io import GROUP_BYTES
+from paratrain.checkpoint.inspection import convert
+from paratrain.checkpoint.loading import read_state_dict
+from paratrain.checkpoint.safetensors_io import StoredTensor
+from paratrain.checkpoint.torch_save_writer import write_torch_save
+from tests.support.peak_memory import command_peak_bytes
+
+
+def _entries(state: dict[str, torch.Tensor]) -> dict[str, StoredTensor]:
+    return {
+        k: StoredTensor(k, t.dtype, list(t.shape), 0, t.numel() * t.element_size())
+        for k, t in state.items()
+    }
+
+
+def _same_archive(ours: Path, theirs: Path) -> None:
+    """The same records in the same order at the same offsets, with the same bytes; only the
+    random ``serialization_id`` torch writes differs."""
+    a, b = zipfile.ZipFile(ours), zipfile.ZipFile(theirs)
+    assert [(i.filename, i.header_offset) for i in a.infolist()] == [
+        (i.filename, i.header_offset) for i in b.infolist()
+    ]
+    for info in a.infolist():
+        if not info.filename.endswith("serialization_id"):
+            assert a.read(info) == b.read(info), info.filename
+
+
+def _equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """The same dtype, shape and bytes (float8 and the like compare by bytes)."""
+    return (a.dtype, a.shape) == (b.dtype, b.shape) and torch.equal(
+        a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)
+    )
+
+
+def test_the_file_is_the_one_torch_save_writes(tmp_path: Path) -> None:
+    model = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 10, bias=False))
+    model[1].weight = model[0].weight  # tied: two names, one storage, as state_dict() gives
+    state = dict(model.state_dict())
+    state.update(
+        {
+            "scalar": torch.tensor(2.5),
+            "empty": torch.zeros(0, 3),
+            "half": torch.randn(3, 2).half(),
+            "bf16": torch.randn(5).bfloat16(),
+            "steps": torch.arange(7),
+            "mask": torch.tensor([True, False, True]),
+            "u16": torch.arange(6).to(torch.uint16).reshape(2, 3),
+            "f8": torch.randn(9).to(torch.float8_e4m3fn),
+            "complex": torch.randn(2, dtype=torch.complex64),
+        }
+    )
+    (tmp_path / "theirs").mkdir()
+    (tmp_path / "ours").mkdir()
+    torch.save(state, tmp_path / "theirs" / "w.pt")
+    read: list[str] = []
+
+    def reader(name: str) -> torch.Tensor:
+        read.append(name)
+        return state[name]
+
+    tied = {"1.weight": "0.weight"}
+    write_torch_save(tmp_path / "ours" / "w.pt", _entries(state), reader, tied=tied)
+    _same_archive(tmp_path / "ours" / "w.pt", tmp_path / "theirs" / "w.pt")
+    assert "1.weight" not in read and len(read) == len(state) - 1  # a tied name is not read
+    for mmap in (False, True):
+        back = torch.load(tmp_path / "ours" / "w.pt", weights_only=True, mmap=mmap)
+        assert list(back) == list(state)
+        assert all(_equal(back[k], state[k]) for k in state)
+        assert back["1.weight"].data_ptr() == back["0.weight"].data_ptr()
+    checked, _ = read_state_dict(tmp_path / "ours" / "w.pt")  # its CRC-32s checked
+    assert all(_equal(checked[k], state[k]) for k in state)
+
+
+_DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.int8, torch.int32, torch.uint16]
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    shapes=st.lists(st.lists(st.integers(0, 5), max_size=3), min_size=1, max_size=6),
+    dtypes=st.lists(st.sampled_from(_DTYPES), min_size=6, max_size=6),
+)
+def test_any_dict_of_tensors_is_written_as_torch_save_writes_it(
+    tmp_path_factory: pytest.TempPathFactory, shapes: list[list[int]], dtypes: list[torch.dtype]
+) -> None:
+    folder = tmp_path_factory.mktemp("w")
+    state = {f"t{i}": torch.randint(0, 100, shape).to(dtypes[i]) for i, shape in enumerate(shapes)}
+    (folder / "a").mkdir()
+    (folder / "b").mkdir()
+    torch.save(state, folder / "a" / "x.pt")
+    write_torch_save(folder / "b" / "x.pt", _entries(state), state.__getitem__)
+    _same_archive(folder / "b" / "x.pt", folder / "a" / "x.pt")
+
+
+def test_a_view_is_written_with_its_own_bytes_alone(tmp_path: Path) -> None:
+    """``read`` may give a view into a larger storage: the record holds the view's bytes."""
+    base = torch.arange(20.0)
+    state = {"middle": base[5:11].reshape(2, 3), "strided": base[::4]}
+    write_torch_save(tmp_path / "v.pt", _entries(state), state.__getitem__)
+    back = torch.load(tmp_path / "v.pt", weights_only=True)
+    assert torch.equal(back["middle"], state["middle"])
+    assert torch.equal(back["strided"], state["strided"])
+    assert back["middle"].untyped_storage().nbytes() == 24
+
+
+@pytest.mark.parametrize(
+    "chain",
+    [["pt", "dcp", "pt"], ["dcp", "pt", "safetensors"], ["hf", "pt", "dcp", "hf"]],
+)
+def test_streamed_round_trips_give_back_every_byte(tmp_path: Path, chain: list[str]) -> None:
+    torch.manual_seed(0)
+    state = {
+        "emb.weight": torch.randn(32, 8),
+        "proj.weight": torch.randn(8, 8).bfloat16(),
+        "norm.bias": torch.randn(8).half(),
+        "count": torch.tensor(3),
+    }
+    save_file(state, str(tmp_path / "src.safetensors"))
+    src = tmp_path / "src.safetensors"
+    for i, fmt in enumerate(chain):
+        dst = tmp_path / f"out{i}.{fmt}"
+        convert(src, dst, to=fmt, max_shard_bytes=600)
+        src = dst
+    back, _ = read_state_dict(src)
+    assert sorted(back) == sorted(state)
+    assert all(_equal(back[k].contiguous(), state[k]) for k in state)
+
+
+def test_tied_names_survive_a_folder_that_writes_them_once(tmp_path: Path) -> None:
+    """An HF folder records a tied name once, in its index: to pt it shares the kept name's
+    storage; to safetensors (which has no ties) it is written as a copy; to hf it stays tied."""
+    (tmp_path / "hf").mkdir()
+    weight = torch.randn(16, 4)
+    save_file({"tok.weight": weight, "ln.bias": torch.zeros(4)},
+              str(tmp_path / "hf" / "model.safetensors"))  # fmt: skip
+    index = {
+        "metadata": {"total_size": 272, "tied": {"head.weight": "tok.weight"}},
+        "weight_map": {"tok.weight": "model.safetensors", "ln.bias": "model.safetensors"},
+    }
+    (tmp_path / "hf" / "model.safetensors.index.json").write_text(json.dumps(index))
+    convert(tmp_path / "hf", tmp_path / "w.pt", to="pt")
+    back = torch.load(tmp_path / "w.pt", weights_only=True)
+    assert torch.equal(back["head.weight"], weight)
+    assert back["head.weight"].data_ptr() == back["tok.weight"].data_ptr()
+    convert(tmp_path / "hf", tmp_path / "w.safetensors", to="safetensors")
+    assert torch.equal(load_file(str(tmp_path / "w.safetensors"))["head.weight"], weight)
+    convert(tmp_path / "w.pt", tmp_path / "again", to="hf")
+    again = json.loads((tmp_path / "again" / "model.safetensors.index.json").read_text())
+    assert again["metadata"]["tied"] == {"head.weight": "tok.weight"}
+
+
+def test_conversions_to_pt_and_dcp_hold_one_tensor_or_one_group(tmp_path: Path) -> None:
+    """A safetensors input of 256 MiB (8 tensors) converts to pt and to dcp holding about one
+    of its tensors beyond converting a tiny file; a DCP input of 2 groups (512 MiB) holds at
+    most one group and a buffer of one tensor. Before, both read the whole state into memory."""
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint import save as dcp_save
+
+    tensor = 32 * 2**20
+    big = {f"layer.{i}.weight": torch.full((tensor // 4,), float(i)) for i in range(8)}
+    save_file(big, str(tmp_path / "big.safetensors"))
+    save_file({"w": torch.zeros(4)}, str(tmp_path / "tiny.safetensors"))
+    piece = 2 * tensor  # the DCP input's tensors: 64 MiB each, 4 to a group
+    sharded = {f"layer.{i}.weight": torch.full((piece // 4,), float(i)) for i in range(8)}
+    assert sum(t.nbytes for t in sharded.values()) == 2 * GROUP_BYTES
+    dcp_save(sharded, storage_writer=FileSystemWriter(str(tmp_path / "big.dcp")), no_dist=True)
+    dcp_save({"w": torch.zeros(4)}, storage_writer=FileSystemWriter(str(tmp_path / "tiny.dcp")),
+             no_dist=True)  # fmt: skip
+    del big, sharded
+
+    def held(src: str, out: str, to: str) -> int:
+        args = ("ckpt", "convert", str(tmp_path / src), str(tmp_path / out), "--to", to)
+        return command_peak_bytes(*args, anonymous=True)
+
+    for to in ("pt", "dcp"):
+        grown = held("big.safetensors", f"s.{to}", to) - held("tiny.safetensors", f"ts.{to}", to)
+        assert grown < 2 * tensor, (to, grown / 2**20)  # the tensor being written
+        grown = held("big.dcp", f"d.{to}", to) - held("tiny.dcp", f"td.{to}", to)
+        assert grown < GROUP_BYTES + 2 * piece, (to, grown / 2**20)  # and a read buffer
+    back = torch.load(tmp_path / "d.pt", weights_only=True, mmap=True)
+    assert all(bool((back[f"layer.{i}.weight"] == i).all()) for i in range(8))
+    again, _ = read_state_dict(tmp_path / "s.dcp")
+    assert all(bool((again[f"layer.{i}.weight"] == i).all()) for i in range(8))
