@@ -223,12 +223,15 @@ def test_bad_mappings_and_dtypes_write_nothing(
 
 
 def _peak_bytes(*args: str) -> int:
-    return command_peak_bytes("ckpt", "convert", *args)
+    """The memory a conversion held itself (``RssAnon``): file pages it maps are not counted."""
+    return command_peak_bytes("ckpt", "convert", *args, anonymous=True)
 
 
-def test_safetensors_conversions_hold_one_tensor_at_a_time(tmp_path: Path) -> None:
-    """256 MiB of eight 32 MiB tensors, to an hf folder and back to one file: the peak memory
-    beyond the same conversion of a tiny file is one tensor (reading it whole: the file twice)."""
+def test_safetensors_conversions_hold_no_tensor_of_their_own(tmp_path: Path) -> None:
+    """256 MiB of eight 32 MiB tensors, to an hf folder and back to one file: each tensor is a
+    view of the mapped input, written from the page cache, so the memory the process holds
+    beyond the same conversion of a tiny file is far below one tensor (reading each tensor into
+    memory of its own: one tensor; reading the input whole: all of it)."""
     tensor = 32 * 2**20
     big = {f"layer.{i}.weight": torch.full((tensor // 4,), float(i)) for i in range(8)}
     save_file(big, str(tmp_path / "big.safetensors"))
@@ -241,7 +244,7 @@ def test_safetensors_conversions_hold_one_tensor_at_a_time(tmp_path: Path) -> No
                        "safetensors")  # fmt: skip
     assert len(list((tmp_path / "hf").glob("*.safetensors"))) == 4  # two 33.5 MB per 100 MB
     for peak in (to_hf, back):
-        assert peak - baseline < 1.5 * tensor, (peak - baseline) / 2**20
+        assert peak - baseline < tensor // 2, (peak - baseline) / 2**20
     restored = load_file(str(tmp_path / "back.safetensors"))
     assert sorted(restored) == [f"layer.{i}.weight" for i in range(8)]
     assert all(bool((restored[f"layer.{i}.weight"] == i).all()) for i in range(8))

@@ -41,7 +41,7 @@ from paratrain.checkpoint.restore import _flat_optimizer, load_trainer, stems
 from paratrain.checkpoint.safetensors_io import StoredTensor, file_entries
 from paratrain.checkpoint.state import flatten_optimizer, unflatten_optimizer
 from paratrain.checkpoint.store import CheckpointStore, staging_folder
-from paratrain.checkpoint.streamed import write_tensors
+from paratrain.checkpoint.streamed import read_stored, write_tensors
 from paratrain.core.version import __version__
 from paratrain.errors import CheckpointError
 
@@ -313,21 +313,7 @@ def _file_refs(path: Path, order: int) -> tuple[dict[str, Ref], int, dict[str, s
 
 
 def _reader(path: Path, entry: StoredTensor) -> Callable[[], torch.Tensor]:
-    def read() -> torch.Tensor:
-        buffer = torch.empty(entry.nbytes, dtype=torch.uint8)
-        with path.open("rb", buffering=0) as f:
-            f.seek(entry.start)
-            view, got = buffer.numpy().data, 0
-            while got < entry.nbytes:
-                n = f.readinto(view[got:])
-                if not n:
-                    raise CheckpointError(
-                        f"{path} ended inside {entry.name}: it changed while read."
-                    )
-                got += n
-        return buffer.view(entry.dtype).reshape(entry.shape)
-
-    return read
+    return lambda: read_stored(path, entry)
 
 
 def _dcp_states(folder: Path, manifest: Manifest) -> States:

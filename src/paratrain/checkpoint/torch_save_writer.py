@@ -137,7 +137,7 @@ def write_torch_save(
                 tensor = tensor.clone()  # a view: its own storage, of its bytes alone
             storage_bytes = tensor.untyped_storage()  # as torch.save passes it (not in the stub)
             writer.write_record(f"data/{storage.key}", storage_bytes, nbytes)  # type: ignore[arg-type]
-            del tensor
+            del tensor, storage_bytes  # before the next is read
             if wrote is not None:
                 wrote(nbytes)
         writer.write_end_of_file()
