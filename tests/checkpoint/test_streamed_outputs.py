@@ -23,6 +23,7 @@ from paratrain.checkpoint.inspection import convert
 from paratrain.checkpoint.loading import read_state_dict
 from paratrain.checkpoint.safetensors_io import StoredTensor
 from paratrain.checkpoint.torch_save_writer import write_torch_save
+from paratrain.errors import CheckpointError
 from tests.support.peak_memory import command_peak_bytes
 
 
@@ -218,3 +219,75 @@ def test_an_unaligned_tensor_is_copied_rather_than_viewed(tmp_path: Path) -> Non
     convert(tmp_path / "odd.safetensors", tmp_path / "odd.pt", to="pt")
     back = torch.load(tmp_path / "odd.pt", weights_only=True)
     assert torch.equal(back["odd"], odd) and torch.equal(back["weights"], weights)
+
+
+def _sharded_checkpoint(tmp_path: Path, world: int) -> tuple[dict[str, torch.Tensor], Path]:
+    """A one-process paratrain checkpoint of a small model, resharded offline for FSDP at
+    ``world`` ranks: every parameter in ``world`` pieces by rows, in the ranks' own files."""
+    import paratrain as pt
+    from paratrain.checkpoint.reshard import reshard
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 10), nn.ReLU(), nn.Linear(10, 3))
+    with pt.Run(strategy="cpu", ckpt_dir=tmp_path / "one", progress=False) as run:
+        wrapped, opt = run.setup(model, torch.optim.AdamW(model.parameters()))
+        run.backward(wrapped(torch.randn(4, 6)).sum())
+        run.step(opt)
+        folder = run.save()
+    assert folder is not None
+    done = reshard(folder, tmp_path / "sharded", layout="fsdp", world=world)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, Path(done["path"])
+
+
+def test_a_sharded_checkpoint_is_read_from_its_mapped_files(tmp_path: Path) -> None:
+    """Parameters in three row pieces across three files are assembled from views of the mapped
+    files (the group reader is never needed), each block checked before use."""
+    from paratrain.checkpoint import dcp_io
+
+    weights, folder = _sharded_checkpoint(tmp_path, world=3)
+    grouped: list[str] = []
+    real = dcp_io.DcpTensors.read
+
+    def read(self: dcp_io.DcpTensors, key: str) -> torch.Tensor:
+        grouped.append(key)
+        return real(self, key)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(dcp_io.DcpTensors, "read", read)
+        convert(folder, tmp_path / "w.safetensors", to="safetensors")
+    assert not grouped
+    back = load_file(str(tmp_path / "w.safetensors"))
+    assert sorted(back) == sorted(weights)
+    assert all(torch.equal(back[k], weights[k]) for k in weights)
+
+
+def test_a_damaged_block_of_a_mapped_file_is_refused(tmp_path: Path) -> None:
+    _, folder = _sharded_checkpoint(tmp_path, world=2)
+    shard = folder / "dcp" / "__1_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    shard.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"__1_0\.distcp"):
+        convert(folder, tmp_path / "w.pt", to="pt")
+    assert not (tmp_path / "w.pt").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-w.pt")]
+
+
+def test_a_view_of_a_mapped_file_is_written_as_its_own_bytes(tmp_path: Path) -> None:
+    """Tensors viewed in a mapped input (a safetensors file, a DCP folder) are written with their
+    bytes alone, never with the whole mapping behind them (torch.save writes a view's whole
+    storage)."""
+    state = {f"t{i}": torch.full((256, 256), float(i)) for i in range(8)}
+    save_file(state, str(tmp_path / "in.safetensors"))
+    convert(tmp_path / "in.safetensors", tmp_path / "in.dcp", to="dcp")
+    for src in ("in.safetensors", "in.dcp"):
+        size = sum(p.stat().st_size for p in [tmp_path / src, *(tmp_path / src).rglob("*")]
+                   if p.is_file())  # fmt: skip
+        for to in ("pt", "dcp"):
+            out = tmp_path / f"{src}-out.{to}"
+            convert(tmp_path / src, out, to=to)
+            files = list(out.rglob("*")) if out.is_dir() else [out]
+            written = sum(p.stat().st_size for p in files)
+            assert written < 1.1 * size, (src, to, written, size)
+            back, _ = read_state_dict(out)
+            assert all(torch.equal(back[k], state[k]) for k in state)

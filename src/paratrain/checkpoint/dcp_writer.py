@@ -40,6 +40,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 
 from paratrain.checkpoint.dcp_io import RecordingWriter
 from paratrain.checkpoint.manifest import FileRecord
+from paratrain.checkpoint.torch_save_writer import alone
 
 
 @dataclass(frozen=True, eq=False)
@@ -88,16 +89,10 @@ class _Piece:
 
     def of(self, full: torch.Tensor) -> torch.Tensor:
         """This piece of the whole tensor, on a storage of its own bytes alone (torch.save
-        writes the whole storage of a view): a slice of ``full``'s storage, no copy."""
-        if not self.split:
-            return full
-        if not full.is_contiguous() or full.storage_offset():
-            return full.narrow(0, self.start, self.rows).clone()
-        row = math.prod(self.ref.shape[1:]) * full.element_size()
-        storage = full.untyped_storage()[self.start * row : (self.start + self.rows) * row]
-        shape = (self.rows, *self.ref.shape[1:])
-        stride = tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
-        return torch.empty(0, dtype=full.dtype).set_(storage, 0, shape, stride)
+        writes the whole storage of a view, which for a view of a mapped file is the file): a
+        slice of ``full``'s storage, no copy."""
+        piece = full.narrow(0, self.start, self.rows) if self.split else full
+        return alone(piece)
 
 
 def fsdp_rows(length: int, rank: int, world: int) -> tuple[int, int]:

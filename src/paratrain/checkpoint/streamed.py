@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import mmap
 import os
 import shutil
 import tempfile
@@ -38,6 +37,7 @@ from paratrain.checkpoint.dcp_writer import Ref, write_dcp
 from paratrain.checkpoint.durable_writes import fsync_dir, write_bytes_durable
 from paratrain.checkpoint.hf_folder import DEFAULT_SHARD_BYTES, INDEX, hf_shards, is_hf_folder
 from paratrain.checkpoint.manifest import MANIFEST, Manifest
+from paratrain.checkpoint.mapped_dcp import MappedDcp, own_buffer
 from paratrain.checkpoint.safetensors_io import (
     _ST_DTYPES,
     StoredTensor,
@@ -97,15 +97,9 @@ class Source:
 
 
 def read_stored(path: Path, entry: StoredTensor) -> torch.Tensor:
-    """The tensor ``entry`` describes, read from ``path`` into memory of its own: mapped
-    anonymously when it is large, so that dropping it gives the memory back to the system
-    whatever was allocated meanwhile (a heap keeps a freed block below a newer small one: one
-    conversion grew by 224 of its 256 MiB so)."""
-    if entry.nbytes >= _MAPPED_BYTES:
-        area = mmap.mmap(-1, entry.nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        buffer = torch.frombuffer(area, dtype=torch.uint8)
-    else:
-        buffer = torch.empty(entry.nbytes, dtype=torch.uint8)
+    """The tensor ``entry`` describes, read from ``path`` into memory of its own
+    (:func:`~paratrain.checkpoint.mapped_dcp.own_buffer`)."""
+    buffer = own_buffer(entry.nbytes)
     view = buffer.numpy().data
     with path.open("rb", buffering=0) as f:
         f.seek(entry.start)
@@ -123,10 +117,6 @@ def read_stored(path: Path, entry: StoredTensor) -> torch.Tensor:
 
 def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
-
-
-_MAPPED_BYTES = 2**20
-"""Tensors of this many bytes or more are read into anonymous mappings of their own."""
 
 
 def _from_files(entries: dict[Path, list[StoredTensor]], tied: dict[str, str], fmt: str) -> Source:
@@ -166,10 +156,14 @@ class DcpSource(Source):
 
     tensors: DcpTensors | None = None
     prefix: str = ""
+    mapped: MappedDcp | None = None
 
     def read(self, name: str) -> torch.Tensor:
-        assert self.tensors is not None
-        return self.tensors.read(self.prefix + name)
+        """A view of the mapped file when it can be (:class:`MappedDcp`), else read in its
+        group."""
+        assert self.tensors is not None and self.mapped is not None
+        found = self.mapped.read(self.prefix + name)
+        return self.tensors.read(self.prefix + name) if found is None else found
 
 
 def dcp_source(path: Path) -> Source | None:
@@ -201,7 +195,8 @@ def dcp_source(path: Path) -> Source | None:
             dtype, shape = md.properties.dtype, list(md.size)
             nbytes = math.prod(shape) * dtype.itemsize
             entries[key[len(prefix) :]] = StoredTensor(key[len(prefix) :], dtype, shape, 0, nbytes)
-    return DcpSource(entries, {}, fmt, tensors=tensors, prefix=prefix)
+    mapped = MappedDcp(folder, meta, records)
+    return DcpSource(entries, {}, fmt, tensors=tensors, prefix=prefix, mapped=mapped)
 
 
 def streamed_source(path: Path) -> Source | None:

@@ -128,13 +128,11 @@ def write_torch_save(
         for record, data in records.items():
             writer.write_record(record, data, len(data))
         for name, storage in storages.items():
-            tensor = read(name).contiguous()
+            tensor = alone(read(name))
             nbytes = tensor.numel() * tensor.element_size()
             if tensor.dtype != storage.dtype or tensor.numel() != storage.numel:
                 raise ValueError(f"{name}: read {tensor.dtype} x {tensor.numel()}, listed as "
                                  f"{storage.dtype} x {storage.numel}")  # fmt: skip
-            if tensor.storage_offset() or tensor.untyped_storage().nbytes() != nbytes:
-                tensor = tensor.clone()  # a view: its own storage, of its bytes alone
             storage_bytes = tensor.untyped_storage()  # as torch.save passes it (not in the stub)
             writer.write_record(f"data/{storage.key}", storage_bytes, nbytes)  # type: ignore[arg-type]
             del tensor, storage_bytes  # before the next is read
@@ -147,6 +145,22 @@ def write_torch_save(
             stream.close()
     with path.open("rb+") as f:
         os.fsync(f.fileno())
+
+
+def alone(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` on a storage of its own bytes alone, as ``torch.save`` needs (it writes a
+    tensor's whole storage: a view into a mapped file would take the file along). A contiguous
+    view gets a slice of its storage, no copy; anything else is made contiguous (a copy)."""
+    tensor = tensor.contiguous()
+    nbytes = tensor.numel() * tensor.element_size()
+    if not tensor.storage_offset() and tensor.untyped_storage().nbytes() == nbytes:
+        return tensor
+    if not nbytes:
+        return torch.empty(tensor.shape, dtype=tensor.dtype)
+    first = tensor.storage_offset() * tensor.element_size()
+    storage = tensor.untyped_storage()[first : first + nbytes]
+    shape = tuple(tensor.shape)
+    return torch.empty(0, dtype=tensor.dtype).set_(storage, 0, shape, _contiguous_strides(shape))
 
 
 def _alignment() -> int:

@@ -337,6 +337,26 @@ def _checked_blocks(path: Path, size: int, block_bytes: int, digests: list[int])
     return count
 
 
+def check_blocks(
+    path: Path, data: memoryview, block_bytes: int, digests: list[int], blocks: list[int]
+) -> None:
+    """Check the ``blocks`` (indices) of ``data``, the whole of ``path`` in memory (mapped, say),
+    against their checksums; CheckpointDamagedError naming the first damaged one's bytes."""
+    count = -(-data.nbytes // block_bytes)
+    if len(digests) != count:
+        raise CheckpointDamagedError(
+            f"{path.name} lists {len(digests)} block checksums for {count} blocks"
+        )
+    for b in blocks:
+        start = b * block_bytes
+        block = data[start : min(data.nbytes, start + block_bytes)]
+        if xxhash.xxh3_64_intdigest(block) != digests[b]:
+            raise CheckpointDamagedError(
+                f"{path.name} fails its checksum in bytes {start}..{start + block.nbytes} "
+                "(corrupted)"
+            )
+
+
 def _block_span(start: int, length: int, size: int, block_bytes: int) -> tuple[int, int] | None:
     """(first block, end block) covering the bytes of ``start..start+length`` inside the file."""
     first, end = max(0, start), min(size, start + length)
