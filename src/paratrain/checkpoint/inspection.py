@@ -18,16 +18,16 @@ Anything that is not a readable checkpoint raises :class:`~paratrain.errors.Chec
 from __future__ import annotations
 
 import tempfile
-import warnings
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 
 from paratrain.checkpoint.backends import fetched, open_storage
-from paratrain.checkpoint.durable_writes import atomic_replace, atomic_torch_save
 from paratrain.checkpoint.formats import FORMATS, describe
 from paratrain.checkpoint.hf_folder import (
     DEFAULT_SHARD_BYTES,
@@ -44,10 +44,10 @@ from paratrain.checkpoint.loading import (
 from paratrain.checkpoint.manifest import MANIFEST, Manifest
 from paratrain.checkpoint.object_storage import is_url, relabel
 from paratrain.checkpoint.restore import load_trainer
-from paratrain.checkpoint.safetensors_io import write_safetensors
+from paratrain.checkpoint.safetensors_io import SAFETENSORS_DTYPES
 from paratrain.checkpoint.storage import url_of
 from paratrain.checkpoint.store import PREFIX
-from paratrain.checkpoint.streamed import streamed_source, write_hf_folder, write_streamed
+from paratrain.checkpoint.streamed import Source, streamed_source, write_streamed
 from paratrain.core.paths import check_new, existing
 from paratrain.errors import CheckpointError
 
@@ -270,36 +270,42 @@ def convert(
         if is_url(src)
         else streamed_source(existing(src, "The checkpoint path", CheckpointError))
     )
-    if source is not None:  # safetensors and DCP inputs: one tensor in memory at a time
-        names = _output_names(list(source.entries), src, rename)
-        try:
-            write_streamed(
-                source, names, dst, to=to, max_shard_bytes=max_shard_bytes, progress=progress
-            )
-        except OSError as err:
-            raise CheckpointError(
-                f"Converting {src} to {dst} failed ({describe(err)}). Check that the input "
-                "can be read, that the output's folder is writable and that the disk has room; "
-                "nothing was written."
-            ) from None
-        return {
-            "from": source.fmt,
-            "to": to,
-            "tensors": len(names),
-            "path": str(dst),
-            "stripped": sum(k != strip_wrappers(k) for k in source.entries),
-        }
-    state, fmt = read_state_dict(src, trust=trust, lazy=True)  # a .pt is mapped, not copied
-    names = _output_names(list(state), src, rename)
-    clean = {new: state[old].contiguous() for new, old in names.items()}
-    _write(clean, dst, to, src, max_shard_bytes)
+    if source is None:  # a torch.save zip file (mapped, not copied), a legacy pickle, a URL
+        state, fmt = read_state_dict(src, trust=trust, lazy=True)
+        source = replace(Source.of(state), fmt=fmt)
+    names = _output_names(list(source.entries), src, rename)
+    if to in ("safetensors", "hf"):
+        _safetensors_dtypes(source, names, src, to)
+    try:
+        write_streamed(
+            source, names, dst, to=to, max_shard_bytes=max_shard_bytes, progress=progress
+        )
+    except (OSError, CheckpointException) as err:  # DCP's planner wraps what it calls
+        raise CheckpointError(
+            f"Converting {src} to {dst} failed ({describe(err)}). Check that the input can be "
+            "read, that the output's folder is writable and that the disk has room; nothing "
+            "was written."
+        ) from None
     return {
-        "from": fmt,
+        "from": source.fmt,
         "to": to,
-        "tensors": len(clean),
+        "tensors": len(names),
         "path": str(dst),
-        "stripped": sum(k != strip_wrappers(k) for k in state),
+        "stripped": sum(k != strip_wrappers(k) for k in source.entries),
     }
+
+
+def _safetensors_dtypes(source: Source, names: Mapping[str, str], src: str | Path, to: str) -> None:
+    """Refuse, before anything is written, a tensor whose dtype safetensors cannot hold."""
+    for new, old in names.items():
+        dtype = source.entries[old].dtype
+        if dtype not in SAFETENSORS_DTYPES:
+            what = "safetensors shards" if to == "hf" else "safetensors"
+            raise CheckpointError(
+                f"{src} cannot be written as {what}: {new} is a {dtype} tensor, which the "
+                f"format cannot hold. Convert it with --to pt or --to dcp, or leave that tensor "
+                "out with --map (null drops it); nothing was written."
+            )
 
 
 def _output_names(keys: list[str], src: str | Path, rename: Path | None) -> dict[str, str]:
@@ -342,47 +348,6 @@ def _convert_to_url(src: str | Path, dst: str, *, to: str, **options: Any) -> di
         else:
             storage.put([(local, name)])
     return {**result, "path": dst}
-
-
-def _write(
-    state: dict[str, torch.Tensor], dst: Path, to: str, src: str | Path, max_shard_bytes: int
-) -> None:
-    from torch.distributed.checkpoint.api import CheckpointException
-    from torch.distributed.checkpoint.filesystem import FileSystemWriter
-    from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
-
-    try:
-        if to == "pt":
-            atomic_torch_save(state, dst)
-        elif to == "safetensors":
-            _write_safetensors(state, dst, src)
-        elif to == "hf":
-            try:
-                write_hf_folder(state, dst, max_shard_bytes=max_shard_bytes)
-            except CheckpointError as err:  # a dtype safetensors cannot hold
-                raise CheckpointError(
-                    f"{src} cannot be written as safetensors shards: {err} Or convert it with "
-                    "--to pt or --to dcp. Nothing was written."
-                ) from None
-        else:
-            with warnings.catch_warnings():  # "assuming ... a single process": that is the intent
-                warnings.simplefilter("ignore", UserWarning)
-                writer = FileSystemWriter(str(dst), overwrite=False)
-                dcp_save(state, storage_writer=writer, no_dist=True)
-    except (OSError, CheckpointException) as err:  # DCP wraps its writers' errors
-        raise CheckpointError(
-            f"{dst} could not be written ({describe(err)}). Check that its folder exists and is "
-            "writable, and that the disk has space."
-        ) from None
-
-
-def _write_safetensors(state: dict[str, torch.Tensor], dst: Path, src: str | Path) -> None:
-    try:
-        atomic_replace(dst, lambda tmp: write_safetensors(tmp, state))
-    except CheckpointError as err:  # a dtype the format cannot hold
-        raise CheckpointError(
-            f"{src} cannot be written as safetensors: {err} Or convert it with --to pt or --to dcp."
-        ) from None
 
 
 def _max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -28,6 +28,7 @@ from torch.distributed.checkpoint.metadata import (
 
 from paratrain.checkpoint.manifest import FileRecord
 from paratrain.checkpoint.saved_tensor import saved_tensor
+from paratrain.checkpoint.torch_save_writer import alone
 from paratrain.checkpoint.verified_reads import check_blocks
 from paratrain.errors import CheckpointDamagedError, CheckpointError
 
@@ -67,7 +68,7 @@ class MappedDcp:
                 return None
             pieces.append((tuple(chunk.offsets), view))
         if len(pieces) == 1 and pieces[0][1].shape == size:
-            return pieces[0][1]
+            return alone(pieces[0][1])  # its own bytes: torch.save of it never takes the file
         out = own_buffer(math.prod(size) * dtype.itemsize).view(dtype).reshape(size)
         for offsets, view in pieces:
             target = out

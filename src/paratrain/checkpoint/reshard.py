@@ -13,9 +13,10 @@ layout that trained them (``trained``), and a resume treats them exactly as a re
 original checkpoint would (restored when the job has that layout, re-derived from (seed, step,
 rank) otherwise). So a job resumes from the output as it would from the input.
 
-One tensor is read at a time (a DCP input in groups of at most 256 MiB) and written to every
-rank's file that holds part of it: memory stays near the largest tensor, whatever the size of
-the checkpoint. The input is verified against its manifest first; nothing is left at the output
+One tensor is read at a time (from a DCP input: viewed in its mapped files, its pieces
+assembled; compressed ones read in groups of at most 256 MiB) and written to every rank's file
+that holds part of it: memory stays near the largest tensor, whatever the size of the
+checkpoint. The input is verified against its manifest first; nothing is left at the output
 on an error.
 """
 
@@ -37,6 +38,7 @@ from torch.distributed.checkpoint.metadata import (
 from paratrain.checkpoint.dcp_io import DcpTensors, RecordingWriter, read_metadata
 from paratrain.checkpoint.dcp_writer import Ref, write_dcp
 from paratrain.checkpoint.manifest import MANIFEST, FileRecord, Manifest
+from paratrain.checkpoint.mapped_dcp import MappedDcp
 from paratrain.checkpoint.restore import _flat_optimizer, load_trainer, stems
 from paratrain.checkpoint.safetensors_io import StoredTensor, file_entries
 from paratrain.checkpoint.state import flatten_optimizer, unflatten_optimizer
@@ -325,6 +327,7 @@ def _dcp_states(folder: Path, manifest: Manifest) -> States:
         if name.startswith("dcp/")
     }
     tensors = DcpTensors(dcp, meta, records)
+    mapped = MappedDcp(dcp, meta, records)
     flat: dict[str, Any] = tensors.load(
         {
             k: None
@@ -342,7 +345,7 @@ def _dcp_states(folder: Path, manifest: Manifest) -> States:
                 key,
                 md.properties.dtype,
                 tuple(md.size),
-                _group_reader(tensors, key),
+                _reader_of(mapped, tensors, key),
                 order,
                 split=len(pieces) > 1,
             )
@@ -354,8 +357,14 @@ def _dcp_states(folder: Path, manifest: Manifest) -> States:
     return states
 
 
-def _group_reader(tensors: DcpTensors, key: str) -> Callable[[], torch.Tensor]:
-    return lambda: tensors.read(key)
+def _reader_of(mapped: MappedDcp, tensors: DcpTensors, key: str) -> Callable[[], torch.Tensor]:
+    """The tensor ``key``: viewed in its mapped files, else read in its group."""
+
+    def read() -> torch.Tensor:
+        found = mapped.read(key)
+        return tensors.read(key) if found is None else found
+
+    return read
 
 
 def _refs(states: States) -> list[Ref]:

@@ -35,6 +35,8 @@ _ST_DTYPES = {
     torch.float8_e5m2: "F8_E5M2",
     torch.complex64: "C64",
 }
+SAFETENSORS_DTYPES = frozenset(_ST_DTYPES)
+"""The dtypes a safetensors file can hold."""
 
 
 def _tensor_bytes(tensor: torch.Tensor) -> memoryview:
