@@ -122,5 +122,6 @@ def own_buffer(nbytes: int) -> torch.Tensor:
     newer small one: one conversion grew by 224 of its 256 MiB so)."""
     if nbytes < 2**20:
         return torch.empty(nbytes, dtype=torch.uint8)
-    area = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    populate = getattr(mmap, "MAP_POPULATE", 0)  # its pages made at once, not fault by fault
+    area = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | populate)
     return torch.frombuffer(area, dtype=torch.uint8)

@@ -26,6 +26,7 @@ import math
 import os
 import shutil
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,7 @@ from paratrain.checkpoint.restore import _flat_optimizer, load_trainer, stems
 from paratrain.checkpoint.safetensors_io import StoredTensor, file_entries
 from paratrain.checkpoint.state import flatten_optimizer, unflatten_optimizer
 from paratrain.checkpoint.store import CheckpointStore, staging_folder
-from paratrain.checkpoint.streamed import read_stored, write_tensors
+from paratrain.checkpoint.streamed import Source, write_tensors
 from paratrain.core.version import __version__
 from paratrain.errors import CheckpointError
 
@@ -305,17 +306,14 @@ def _read_refs(tree: Any) -> Any:
 
 def _file_refs(path: Path, order: int) -> tuple[dict[str, Ref], int, dict[str, str]]:
     entries, header = file_entries(path)
+    listed = {e.name: e for e in entries}
+    source = Source(listed, {}, "safetensors", files=dict.fromkeys(listed, path))
     refs = {}
     for entry in entries:
-        refs[entry.name] = Ref(
-            entry.name, entry.dtype, tuple(entry.shape), _reader(path, entry), order
-        )
+        read = partial(source.read, entry.name)  # a view of the mapped file
+        refs[entry.name] = Ref(entry.name, entry.dtype, tuple(entry.shape), read, order)
         order += 1
     return refs, order, dict(header)
-
-
-def _reader(path: Path, entry: StoredTensor) -> Callable[[], torch.Tensor]:
-    return lambda: read_stored(path, entry)
 
 
 def _dcp_states(folder: Path, manifest: Manifest) -> States:
