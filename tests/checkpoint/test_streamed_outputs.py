@@ -169,11 +169,11 @@ def test_tied_names_survive_a_folder_that_writes_them_once(tmp_path: Path) -> No
     assert again["metadata"]["tied"] == {"head.weight": "tok.weight"}
 
 
-def test_conversions_to_pt_and_dcp_hold_one_tensor_or_one_group(tmp_path: Path) -> None:
+def test_conversions_to_pt_and_dcp_hold_at_most_one_tensor(tmp_path: Path) -> None:
     """A safetensors input of 256 MiB (8 tensors) converts to pt and to dcp holding far less
-    than one of its tensors beyond converting a tiny file (views of the mapped input); a DCP
-    input of 2 groups (512 MiB) holds at
-    most one group and a buffer of one tensor. Before, both read the whole state into memory."""
+    than one of its tensors beyond converting a tiny file (each tensor a view of the mapped
+    file); a DCP folder of 512 MiB (8 tensors, two of the 256 MiB groups its reader used to read
+    at once) holds at most one tensor. Before, both were read whole into memory."""
     from torch.distributed.checkpoint import FileSystemWriter
     from torch.distributed.checkpoint import save as dcp_save
 
@@ -197,7 +197,9 @@ def test_conversions_to_pt_and_dcp_hold_one_tensor_or_one_group(tmp_path: Path) 
         grown = held("big.safetensors", f"s.{to}", to) - held("tiny.safetensors", f"ts.{to}", to)
         assert grown < tensor // 2, (to, grown / 2**20)  # views of the mapped input
         grown = held("big.dcp", f"d.{to}", to) - held("tiny.dcp", f"td.{to}", to)
-        assert grown < GROUP_BYTES + 2 * piece, (to, grown / 2**20)  # and a read buffer
+        # torch's DCP writer puts a tensor's data at any offset: each is copied once into an
+        # aligned buffer of its own (paratrain's DCP files are aligned: viewed in place)
+        assert grown < 1.5 * piece, (to, grown / 2**20)
     back = torch.load(tmp_path / "d.pt", weights_only=True, mmap=True)
     assert all(bool((back[f"layer.{i}.weight"] == i).all()) for i in range(8))
     again, _ = read_state_dict(tmp_path / "s.dcp")
