@@ -7,13 +7,15 @@
 
 A source lists every tensor (name, dtype, shape, the file and byte range holding it) from the
 files' headers, without reading a tensor. The output's headers are computed from that list, then
-each tensor is read into a buffer of its own size, written, and dropped. Every output format is
-written this way: a safetensors file, a Hugging Face folder, a torch.save file
+each tensor is taken, written, and dropped: a view of the input's file mapped privately (page
+cache, no copy; a tensor at an offset its dtype cannot be viewed at is read into memory of its
+own), and for a DCP input the same through :class:`~paratrain.checkpoint.mapped_dcp.MappedDcp`
+(pieces of a sharded tensor assembled into one buffer). Every output format is written this way:
+a safetensors file, a Hugging Face folder, a torch.save file
 (:mod:`~paratrain.checkpoint.torch_save_writer`) and a DCP folder
-(:mod:`~paratrain.checkpoint.dcp_writer`). A DCP folder (or a sharded paratrain checkpoint) is
-read in groups of at most 256 MiB of tensors (:func:`dcp_source`). ``convert`` maps a
-torch.save zip file's tensors from the file instead (``read_state_dict(lazy=True)``); legacy
-pickles are read whole.
+(:mod:`~paratrain.checkpoint.dcp_writer`). ``convert`` maps a torch.save zip file's tensors from
+the file (``read_state_dict(lazy=True)``) and hands them over as a state dict
+(:meth:`Source.of`); legacy pickles are read whole.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from paratrain.checkpoint.safetensors_io import (
     tied_in,
     untie,
 )
-from paratrain.checkpoint.torch_save_writer import write_torch_save
+from paratrain.checkpoint.torch_save_writer import alone, write_torch_save
 from paratrain.errors import CheckpointError
 
 
@@ -91,9 +93,8 @@ class Source:
                 f"{path} ended inside {name}: it was cut short or changed while being read. "
                 "Use a complete copy. Nothing was written."
             )
-        storage = whole.untyped_storage()[entry.start : entry.start + entry.nbytes]
-        shape = tuple(entry.shape)
-        return torch.empty(0, dtype=entry.dtype).set_(storage, 0, shape, _strides(shape))
+        raw = whole[entry.start : entry.start + entry.nbytes]
+        return alone(raw.view(entry.dtype).reshape(entry.shape))  # on a slice of the storage
 
 
 def read_stored(path: Path, entry: StoredTensor) -> torch.Tensor:
@@ -113,10 +114,6 @@ def read_stored(path: Path, entry: StoredTensor) -> torch.Tensor:
                 )
             got += n
     return buffer.view(entry.dtype).reshape(entry.shape)
-
-
-def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    return tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
 
 
 def _from_files(entries: dict[Path, list[StoredTensor]], tied: dict[str, str], fmt: str) -> Source:
