@@ -293,3 +293,31 @@ def test_a_view_of_a_mapped_file_is_written_as_its_own_bytes(tmp_path: Path) -> 
             assert written < 1.1 * size, (src, to, written, size)
             back, _ = read_state_dict(out)
             assert all(torch.equal(back[k], state[k]) for k in state)
+
+
+@pytest.mark.parametrize("to", ["pt", "dcp", "safetensors", "hf"])
+def test_a_disk_that_fills_up_is_one_message_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, to: str
+) -> None:
+    """The second tensor's write fails (no space left): one CheckpointError naming the cause,
+    and neither the output nor its staging folder is left beside it."""
+    import errno
+
+    from paratrain.checkpoint import streamed
+
+    state = {"a": torch.ones(8), "b": torch.zeros(8)}
+    save_file(state, str(tmp_path / "in.safetensors"))
+    real = streamed.Source.read
+    calls: list[str] = []
+
+    def read(self: streamed.Source, name: str) -> torch.Tensor:
+        calls.append(name)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, name)
+
+    monkeypatch.setattr(streamed.Source, "read", read)
+    (tmp_path / "out").mkdir()
+    with pytest.raises(CheckpointError, match="No space left on device"):
+        convert(tmp_path / "in.safetensors", tmp_path / "out" / f"w.{to}", to=to)
+    assert list((tmp_path / "out").iterdir()) == []

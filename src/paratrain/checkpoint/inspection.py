@@ -25,7 +25,6 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.api import CheckpointException
 
 from paratrain.checkpoint.backends import fetched, open_storage
 from paratrain.checkpoint.formats import FORMATS, describe
@@ -280,7 +279,7 @@ def convert(
         write_streamed(
             source, names, dst, to=to, max_shard_bytes=max_shard_bytes, progress=progress
         )
-    except (OSError, CheckpointException) as err:  # DCP's planner wraps what it calls
+    except OSError as err:
         raise CheckpointError(
             f"Converting {src} to {dst} failed ({describe(err)}). Check that the input can be "
             "read, that the output's folder is writable and that the disk has room; nothing "
