@@ -1,15 +1,16 @@
 """The tensors of a DCP folder as views of its files, mapped: nothing read into memory of its own.
 
-    tensors = MappedDcp(folder, read_metadata(folder), records)  # records: None, unverified
-    weight = tensors.read("model.tok.weight")  # a view of the mapped file, or None
+    meta = read_metadata(folder)
+    tensors = MappedDcp(folder, meta, records, DcpTensors(folder, meta, records))
+    weight = tensors.read("model.tok.weight")  # a view of the mapped file
 
 A DCP file holds each item as the bytes ``torch.save`` writes for it. A tensor saved in one
 piece is the piece's data, in place in its file: mapped privately, it is a view of page cache,
 written out by a conversion without a copy. A tensor saved in pieces (an FSDP parameter, by
 rows) is assembled from their views into one buffer of its own. With ``records`` (a paratrain
 manifest), every block a piece lies in is checked before the piece is used, each block once.
-Anything unusual (a compressed piece, bytes that are not a plain saved tensor) gives None: the
-caller reads that tensor another way (:class:`~paratrain.checkpoint.dcp_io.DcpTensors`).
+A tensor with anything unusual (a compressed piece, bytes that are not a plain saved tensor) is
+read by DCP's reader instead, in its group (:class:`~paratrain.checkpoint.dcp_io.DcpTensors`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
+from paratrain.checkpoint.dcp_io import DcpTensors
 from paratrain.checkpoint.manifest import FileRecord
 from paratrain.checkpoint.saved_tensor import saved_tensor
 from paratrain.checkpoint.torch_save_writer import alone
@@ -37,15 +39,23 @@ class MappedDcp:
     """Views of the tensors of the DCP folder ``folder`` (see the module's docstring)."""
 
     def __init__(
-        self, folder: Path, meta: Metadata, records: Mapping[str, FileRecord] | None
+        self,
+        folder: Path,
+        meta: Metadata,
+        records: Mapping[str, FileRecord] | None,
+        groups: DcpTensors,
     ) -> None:
-        self.folder, self.meta, self.records = folder, meta, records
+        self.folder, self.meta, self.records, self.groups = folder, meta, records, groups
         self._files: dict[str, torch.Tensor] = {}
         self._checked: dict[str, set[int]] = {}
 
-    def read(self, key: str) -> torch.Tensor | None:
+    def read(self, key: str) -> torch.Tensor:
         """The tensor ``key``: a view of its file when saved in one piece, else its pieces
-        copied into a buffer of its own; None when a piece cannot be viewed in place."""
+        copied into a buffer of its own; read in its group when a piece cannot be viewed."""
+        found = self._viewed(key)
+        return self.groups.read(key) if found is None else found
+
+    def _viewed(self, key: str) -> torch.Tensor | None:
         md = self.meta.state_dict_metadata[key]
         assert isinstance(md, TensorStorageMetadata)
         dtype, size = md.properties.dtype, tuple(md.size)
@@ -88,8 +98,7 @@ class MappedDcp:
                     f"{name} is {'resized' if record else 'not listed in the manifest'}: the "
                     "checkpoint was altered"
                 )
-            whole = torch.from_file(str(path), shared=False, size=size, dtype=torch.uint8)
-            self._files[name] = whole
+            whole = self._files[name] = mapped_file(path, size)
         return whole
 
     def _check(self, name: str, whole: torch.Tensor, start: int, length: int) -> None:
@@ -114,6 +123,13 @@ class MappedDcp:
                 self.folder / name, whole.numpy().data, record.block_bytes, record.blocks, todo
             )
             checked.update(todo)
+
+
+def mapped_file(path: Path, size: int | None = None) -> torch.Tensor:
+    """The bytes of ``path`` (``size`` of them; default: all), mapped privately: page cache,
+    read as they are used; writes to them would stay in this process."""
+    size = path.stat().st_size if size is None else size
+    return torch.from_file(str(path), shared=False, size=size, dtype=torch.uint8)
 
 
 def own_buffer(nbytes: int) -> torch.Tensor:

@@ -325,7 +325,7 @@ def _dcp_states(folder: Path, manifest: Manifest) -> States:
         if name.startswith("dcp/")
     }
     tensors = DcpTensors(dcp, meta, records)
-    mapped = MappedDcp(dcp, meta, records)
+    mapped = MappedDcp(dcp, meta, records, tensors)
     flat: dict[str, Any] = tensors.load(
         {
             k: None
@@ -343,7 +343,7 @@ def _dcp_states(folder: Path, manifest: Manifest) -> States:
                 key,
                 md.properties.dtype,
                 tuple(md.size),
-                _reader_of(mapped, tensors, key),
+                partial(mapped.read, key),
                 order,
                 split=len(pieces) > 1,
             )
@@ -353,16 +353,6 @@ def _dcp_states(folder: Path, manifest: Manifest) -> States:
         model_stem, optim_stem = stems(name)
         states[name] = (dict(nested.get(model_stem, {})), dict(nested.get(optim_stem, {})))
     return states
-
-
-def _reader_of(mapped: MappedDcp, tensors: DcpTensors, key: str) -> Callable[[], torch.Tensor]:
-    """The tensor ``key``: viewed in its mapped files, else read in its group."""
-
-    def read() -> torch.Tensor:
-        found = mapped.read(key)
-        return tensors.read(key) if found is None else found
-
-    return read
 
 
 def _refs(states: States) -> list[Ref]:

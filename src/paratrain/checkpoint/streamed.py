@@ -39,7 +39,7 @@ from paratrain.checkpoint.dcp_writer import Ref, write_dcp
 from paratrain.checkpoint.durable_writes import fsync_dir, write_bytes_durable
 from paratrain.checkpoint.hf_folder import DEFAULT_SHARD_BYTES, INDEX, hf_shards, is_hf_folder
 from paratrain.checkpoint.manifest import MANIFEST, Manifest
-from paratrain.checkpoint.mapped_dcp import MappedDcp, own_buffer
+from paratrain.checkpoint.mapped_dcp import MappedDcp, mapped_file, own_buffer
 from paratrain.checkpoint.safetensors_io import (
     _ST_DTYPES,
     StoredTensor,
@@ -84,10 +84,8 @@ class Source:
         if entry.start % entry.dtype.itemsize or not entry.nbytes:  # unaligned: a copy
             return read_stored(path, entry)
         whole = self._mapped.get(path)
-        if whole is None:  # mapped privately: file pages, read as written, no copy
-            size = path.stat().st_size
-            whole = torch.from_file(str(path), shared=False, size=size, dtype=torch.uint8)
-            self._mapped[path] = whole
+        if whole is None:  # file pages, read as written, no copy
+            whole = self._mapped[path] = mapped_file(path)
         if entry.start + entry.nbytes > whole.numel():
             raise CheckpointError(
                 f"{path} ended inside {name}: it was cut short or changed while being read. "
@@ -148,19 +146,15 @@ def safetensors_source(path: Path) -> Source | None:
 
 @dataclass
 class DcpSource(Source):
-    """The tensors of a DCP folder (:class:`~paratrain.checkpoint.dcp_io.DcpTensors`: read in
-    groups, each tensor handed over once), keys without ``prefix``."""
+    """The tensors of a DCP folder, viewed in its mapped files (:class:`MappedDcp`), keys
+    without ``prefix``."""
 
-    tensors: DcpTensors | None = None
+    tensors: MappedDcp | None = None
     prefix: str = ""
-    mapped: MappedDcp | None = None
 
     def read(self, name: str) -> torch.Tensor:
-        """A view of the mapped file when it can be (:class:`MappedDcp`), else read in its
-        group."""
-        assert self.tensors is not None and self.mapped is not None
-        found = self.mapped.read(self.prefix + name)
-        return self.tensors.read(self.prefix + name) if found is None else found
+        assert self.tensors is not None
+        return self.tensors.read(self.prefix + name)
 
 
 def dcp_source(path: Path) -> Source | None:
@@ -192,8 +186,8 @@ def dcp_source(path: Path) -> Source | None:
             dtype, shape = md.properties.dtype, list(md.size)
             nbytes = math.prod(shape) * dtype.itemsize
             entries[key[len(prefix) :]] = StoredTensor(key[len(prefix) :], dtype, shape, 0, nbytes)
-    mapped = MappedDcp(folder, meta, records)
-    return DcpSource(entries, {}, fmt, tensors=tensors, prefix=prefix, mapped=mapped)
+    mapped = MappedDcp(folder, meta, records, tensors)
+    return DcpSource(entries, {}, fmt, tensors=mapped, prefix=prefix)
 
 
 def streamed_source(path: Path) -> Source | None:

@@ -349,12 +349,7 @@ def check_blocks(
         )
     for b in blocks:
         start = b * block_bytes
-        block = data[start : min(data.nbytes, start + block_bytes)]
-        if xxhash.xxh3_64_intdigest(block) != digests[b]:
-            raise CheckpointDamagedError(
-                f"{path.name} fails its checksum in bytes {start}..{start + block.nbytes} "
-                "(corrupted)"
-            )
+        _check_window(path, data[start : start + block_bytes], start, b, block_bytes, digests)
 
 
 def _block_span(start: int, length: int, size: int, block_bytes: int) -> tuple[int, int] | None:
