@@ -321,3 +321,48 @@ def test_a_disk_that_fills_up_is_one_message_and_leaves_nothing(
     with pytest.raises(CheckpointError, match="No space left on device"):
         convert(tmp_path / "in.safetensors", tmp_path / "out" / f"w.{to}", to=to)
     assert list((tmp_path / "out").iterdir()) == []
+
+
+_LIMITED = """
+import resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # a write past the limit fails (EFBIG)
+resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, resource.RLIM_INFINITY))
+from paratrain.commands.cli import main
+sys.exit(main(["ckpt", "convert", *sys.argv[1:]]))
+"""
+
+
+@pytest.mark.parametrize("to", ["pt", "dcp", "safetensors", "hf"])
+def test_a_write_the_file_system_refuses_is_one_message_and_leaves_nothing(
+    tmp_path: Path, to: str
+) -> None:
+    """Files may not grow past 64 KiB (as a full disk refuses a write): the conversion of
+    256 KiB stops with exit code 2 and one paragraph naming the failure. torch's archive writer
+    used to abort the process (--to pt: SIGABRT from its destructor) or hide the failure behind
+    its own error (--to dcp: a traceback)."""
+    import subprocess
+    import sys
+
+    save_file({f"t{i}": torch.ones(16 * 1024) for i in range(4)}, str(tmp_path / "in.safetensors"))
+    (tmp_path / "out").mkdir()
+    out = tmp_path / "out" / f"w.{to}"
+    done = subprocess.run(
+        [sys.executable, "-c", _LIMITED, str(tmp_path / "in.safetensors"), str(out), "--to", to],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert "nothing was written" in said, said
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_a_tensor_named_like_the_safetensors_metadata_is_refused(tmp_path: Path) -> None:
+    torch.save({"__metadata__": torch.ones(2), "x": torch.zeros(1)}, tmp_path / "in.pt")
+    for to in ("safetensors", "hf"):
+        with pytest.raises(CheckpointError, match="__metadata__"):
+            convert(tmp_path / "in.pt", tmp_path / f"out.{to}", to=to)
+        assert not (tmp_path / f"out.{to}").exists()
+    convert(tmp_path / "in.pt", tmp_path / "out.pt", to="pt")  # pt holds any name
+    assert torch.equal(torch.load(tmp_path / "out.pt", weights_only=True)["__metadata__"],
+                       torch.ones(2))  # fmt: skip

@@ -195,4 +195,15 @@ def _bytes_writer(data: Any) -> Callable[[Any], object]:
 
 
 def _tensor_writer(tensor: torch.Tensor) -> Callable[[Any], object]:
-    return lambda f: torch.save(tensor, f)  # each tensor as DCP's FileSystemWriter writes it
+    def write(f: Any) -> None:  # each tensor as DCP's FileSystemWriter writes it
+        try:
+            torch.save(tensor, f)
+        except RuntimeError as err:
+            # torch.save finishes its archive even when a write failed, and that fails too: the
+            # first failure (a full disk, an interrupt) is the one to report.
+            first = err.__context__
+            if first is not None and not isinstance(first, RuntimeError):
+                raise first from None
+            raise
+
+    return write

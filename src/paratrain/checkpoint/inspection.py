@@ -274,7 +274,7 @@ def convert(
         source = replace(Source.of(state), fmt=fmt)
     names = _output_names(list(source.entries), src, rename)
     if to in ("safetensors", "hf"):
-        _safetensors_dtypes(source, names, src, to)
+        _safetensors_can_hold(source, names, src, to)
     try:
         write_streamed(
             source, names, dst, to=to, max_shard_bytes=max_shard_bytes, progress=progress
@@ -294,12 +294,22 @@ def convert(
     }
 
 
-def _safetensors_dtypes(source: Source, names: Mapping[str, str], src: str | Path, to: str) -> None:
-    """Refuse, before anything is written, a tensor whose dtype safetensors cannot hold."""
+def _safetensors_can_hold(
+    source: Source, names: Mapping[str, str], src: str | Path, to: str
+) -> None:
+    """Refuse, before anything is written, a tensor safetensors cannot hold: its dtype, or the
+    name its header keeps for metadata."""
+    what = "safetensors shards" if to == "hf" else "safetensors"
     for new, old in names.items():
+        if new == "__metadata__":
+            raise CheckpointError(
+                f"{src} cannot be written as {what}: a tensor is named __metadata__, which the "
+                "format keeps for its header. Rename it with --map (a JSON object "
+                '{"__metadata__": "new_name"}), or convert with --to pt or --to dcp; nothing '
+                "was written."
+            )
         dtype = source.entries[old].dtype
         if dtype not in SAFETENSORS_DTYPES:
-            what = "safetensors shards" if to == "hf" else "safetensors"
             raise CheckpointError(
                 f"{src} cannot be written as {what}: {new} is a {dtype} tensor, which the "
                 f"format cannot hold. Convert it with --to pt or --to dcp, or leave that tensor "

@@ -328,6 +328,11 @@ def write_tensors(
     offset = 0
     for name in order:
         entry = entries[name]
+        if name == "__metadata__":
+            raise CheckpointError(
+                "A tensor is named __metadata__, which the safetensors format keeps for its "
+                "header's metadata. Rename it (--map, or in the state dict) before saving."
+            )
         if entry.dtype not in _ST_DTYPES:  # a state dict's tensor
             raise CheckpointError(
                 f"{name} is a {entry.dtype} tensor, which the safetensors format cannot "

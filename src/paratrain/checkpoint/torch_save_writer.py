@@ -15,6 +15,7 @@ tied weights do in a ``state_dict()``.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import os
@@ -139,6 +140,14 @@ def write_torch_save(
             if wrote is not None:
                 wrote(nbytes)
         writer.write_end_of_file()
+    except BaseException as err:
+        # Finish the archive here: left to its destructor, a failing end of file (the disk
+        # full) is thrown where nothing can catch it, and the process aborts.
+        with contextlib.suppress(Exception):
+            writer.write_end_of_file()
+        if isinstance(err, RuntimeError):  # the archive writer's own failure to write
+            raise OSError(f"{path.name} could not be written: {_first_line(err)}") from None
+        raise
     finally:
         del writer
         if stream is not None:
@@ -161,6 +170,11 @@ def alone(tensor: torch.Tensor) -> torch.Tensor:
     storage = tensor.untyped_storage()[first : first + nbytes]
     shape = tuple(tensor.shape)
     return torch.empty(0, dtype=tensor.dtype).set_(storage, 0, shape, _contiguous_strides(shape))
+
+
+def _first_line(err: BaseException) -> str:
+    """torch's C++ errors carry a stack after their first line: the message alone."""
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
 def _alignment() -> int:
