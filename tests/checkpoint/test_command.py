@@ -197,3 +197,12 @@ def test_a_dcp_folder_of_model_and_optimizer_converts_to_the_model_alone(
             code, report, _ = _cli(["diff", str(tmp_path / "reference.pt"), str(out), "--json"],
                                    capsys)  # fmt: skip
             assert code == 0 and json.loads(report)["identical"], (folder, to, report)
+
+
+def test_a_map_file_name_too_long_to_look_up_is_one_message(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = files["tmp"] / "out.pt"
+    args = ["convert", str(files["dp"]), str(out), "--to", "pt", "--map", "a" * 400]
+    code, _, err = _cli(args, capsys)
+    assert code == 2 and "no such file" in " ".join(err.split()) and not out.exists()

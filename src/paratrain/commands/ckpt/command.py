@@ -226,7 +226,7 @@ def _convert(args: argparse.Namespace) -> int:
     from paratrain.checkpoint import inspection
 
     mapping = Path(args.map) if args.map is not None else None
-    if mapping is not None and not mapping.is_file():
+    if mapping is not None and not _is_file(mapping):
         raise CheckpointError(f"--map {args.map}: no such file. Give a .json or .py mapping file.")
     with _progress_bar() as progress:
         result = inspection.convert(
@@ -243,6 +243,14 @@ def _convert(args: argparse.Namespace) -> int:
         f"{result['from']}; {result['stripped']} keys lost a wrapper prefix)"
     )
     return _emit([line], 0)
+
+
+def _is_file(path: Path) -> bool:
+    """Whether ``path`` is a file; False for a name the system cannot look up (too long)."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
 
 
 @contextlib.contextmanager
