@@ -5,8 +5,9 @@
 
 The state: fp32 1024x1024 weights plus their SGD momentum buffers (half the bytes each). Each
 repeat runs the contenders of a phase (writes; hot reads; cold reads) back to back, starting at
-a rotating position, each after ``os.sync()``. A figure is the ratio raw ÷ contender within one
-repeat (higher is better); the table shows the median of those ratios and their min–max:
+a rotating position, each after ``gc.collect()`` and ``os.sync()``. A figure is the ratio raw ÷
+contender within one repeat (higher is better); the table shows the median of those ratios and
+their min–max:
 
 - save: raw write + fsync of one file (one thread writes everything, then fsyncs) ÷
   ``run.save()`` (checksums, manifest, atomic commit and directory fsyncs included);
@@ -76,6 +77,7 @@ def _state_tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[t
 
 
 def _timed(fn: Callable[[], object]) -> float:
+    gc.collect()  # no garbage of the previous contender left for this one's collector to walk
     os.sync()  # nothing left dirty by the previous contender writes back during this one
     start = time.perf_counter()
     fn()

@@ -184,3 +184,68 @@ def test_a_manifest_without_its_checksum_file_still_reads(tmp_path: Path) -> Non
     with_sum = Manifest.read(folder)
     (folder / "manifest.xxh3").unlink()  # a save written before the checksum file existed
     assert Manifest.read(folder) == with_sum
+
+
+def _zip_crcs(folder: Path) -> list[int]:
+    """The CRC-32 recorded for every zip record of every item in a DCP folder."""
+    import io
+    import zipfile
+
+    from torch.distributed.checkpoint import FileSystemReader
+
+    crcs = []
+    for info in FileSystemReader(str(folder)).read_metadata().storage_data.values():
+        with (folder / info.relative_path).open("rb") as f:
+            f.seek(info.offset)
+            item = f.read(info.length)
+        crcs += [record.CRC for record in zipfile.ZipFile(io.BytesIO(item)).infolist()]
+    return crcs
+
+
+def test_inside_zip_crc_skipped_torch_save_writes_no_crc_and_the_setting_comes_back() -> None:
+    import io
+    import zipfile
+
+    from paratrain.checkpoint.dcp_io import zip_crc_skipped
+
+    def crcs() -> list[int]:
+        buffer = io.BytesIO()
+        torch.save({"w": torch.arange(100.0)}, buffer)
+        return [r.CRC for r in zipfile.ZipFile(buffer).infolist()]
+
+    assert all(crc != 0 for crc in crcs())
+    with zip_crc_skipped():
+        assert set(crcs()) == {0}
+    assert all(crc != 0 for crc in crcs())
+    with pytest.raises(RuntimeError, match="boom"), zip_crc_skipped():
+        raise RuntimeError("boom")
+    assert torch.serialization.get_crc32_options() is True
+
+
+@pytest.mark.dist
+def test_a_sharded_save_skips_the_zip_crc_and_plain_torch_still_loads_it(tmp_path: Path) -> None:
+    """The block checksums cover every byte, so the zip CRC-32 pass (a second hash of the same
+    bytes, read by nobody) is skipped: the items carry 0. torch loads them as it loads any
+    DCP folder, and paratrain still views every tensor in place and checks each block."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    saved = run_distributed(save_twice, 2, str(tmp_path), "fsdp")[0]
+    folder = sorted(tmp_path.glob("step-*"))[-1]
+    crcs = _zip_crcs(folder / "dcp")
+    assert crcs and set(crcs) == {0}
+    dcp_to_torch_save(folder / "dcp", tmp_path / "plain.pt")  # torch alone, no paratrain
+    plain = torch.load(tmp_path / "plain.pt", weights_only=True)
+    assert max_abs_diff({k: plain["model"][k] for k in saved[2]}, saved[2]) == 0.0
+
+    from safetensors.torch import load_file
+
+    from paratrain.checkpoint import dcp_io
+    from paratrain.checkpoint.inspection import convert
+
+    grouped: list[str] = []  # tensors read by the group reader: none, each is a mapped view
+    real = dcp_io.DcpTensors.read
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(dcp_io.DcpTensors, "read", lambda self, k: grouped.append(k) or real(self, k))
+        convert(folder, tmp_path / "w.safetensors", to="safetensors")
+    assert not grouped
+    assert max_abs_diff(load_file(str(tmp_path / "w.safetensors")), saved[2]) == 0.0

@@ -218,3 +218,57 @@ def test_state_with_uncommon_dtypes_saves_and_resumes(tmp_path: Path) -> None:
     for name in ("codes", "scales"):
         a, b = getattr(saved, name), getattr(restored, name)
         assert a.dtype == b.dtype and bytes(a.view(torch.uint8)) == bytes(b.view(torch.uint8))
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_no_garbage_collection_runs_inside_a_save_or_a_resume(
+    tmp_path: Path, enabled: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full collection walks every object of the process (0.2 s once torch is loaded) and
+    the other ranks wait for it: writing and reading a checkpoint run with the collector
+    paused, and leave it as the script had it (enabled, or disabled on purpose)."""
+    import gc
+
+    from paratrain.runtime import save_restore
+
+    collections: list[str] = []
+    inside: list[str] = []
+
+    def count(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            collections.append(inside[-1] if inside else "outside")
+
+    def labelled(name: str, original: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            inside.append(name)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                inside.pop()
+
+        return call
+
+    for name in ("save", "resume"):
+        monkeypatch.setattr(save_restore, name, labelled(name, getattr(save_restore, name)))
+    threshold = gc.get_threshold()
+    gc.callbacks.append(count)
+    gc.set_threshold(1)  # a collection at nearly every allocation, when enabled
+    try:
+        (gc.enable if enabled else gc.disable)()
+        with pt.Run(strategy="cpu", progress=False, ckpt_dir=tmp_path, seed=0) as run:
+            net = mlp()
+            model, opt = run.setup(net, torch.optim.AdamW(net.parameters(), lr=1e-2))
+            with run.accumulate(model):
+                run.backward(model(torch.randn(4, 6)).sum())
+            run.step(opt)
+            run.save()
+            assert gc.isenabled() is enabled
+            assert run.resume() == {}
+            assert gc.isenabled() is enabled
+            gc.collect()  # counted too: the callback sees collections
+    finally:
+        gc.callbacks.remove(count)
+        gc.set_threshold(*threshold)
+        gc.enable()
+    assert "outside" in collections
+    assert "save" not in collections and "resume" not in collections

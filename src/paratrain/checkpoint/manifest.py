@@ -13,7 +13,7 @@ import base64
 import json
 import math
 import struct
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -155,18 +155,21 @@ class Manifest:
 
     def to_json(self) -> str:
         """The manifest as JSON text (a file record's unused checksum kinds left out)."""
-        data = asdict(self)
+        # Field by field, not dataclasses.asdict: that deep-copies every block checksum (32768
+        # per GiB of a sharded checkpoint), enough garbage to start a full collection mid-save.
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
         for newer in ("mesh", "trained"):  # left out when unused: older paratrain reads it
             if data[newer] is None:
                 del data[newer]
+        packed = self.format_version >= 7
         data["files"] = {
-            name: {k: v for k, v in record.items() if v is not None}
-            for name, record in data["files"].items()
+            name: {
+                f.name: pack_digests(value) if f.name == "blocks" and packed else value
+                for f in fields(record)
+                if (value := getattr(record, f.name)) is not None
+            }
+            for name, record in self.files.items()
         }
-        if self.format_version >= 7:
-            for record in data["files"].values():
-                if "blocks" in record:
-                    record["blocks"] = pack_digests(record["blocks"])
         return json.dumps({**data, "global_batch": self.global_batch}, indent=1)
 
     @classmethod

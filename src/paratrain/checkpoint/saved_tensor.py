@@ -201,8 +201,12 @@ def _layout(view: memoryview) -> tuple[_Layout, int, int]:
         raise _Unsupported("archive")
     prefix = pickles[0][: -len("data.pkl")]
     order = prefix + "byteorder"
-    if sys.byteorder != "little" or (order in names and archive.read(order) != b"little"):
+    if sys.byteorder != "little":
         raise _Unsupported("byte order")
+    if order in names:  # read in place: zipfile's read() insists on a CRC, and saves skip it
+        start, length = _record(archive, view, order)
+        if bytes(view[start : start + length]) != b"little":
+            raise _Unsupported("byte order")
     start, length = _record(archive, view, pickles[0])
     layout = _TensorUnpickler(io.BytesIO(bytes(view[start : start + length]))).load()
     if not isinstance(layout, _Layout):

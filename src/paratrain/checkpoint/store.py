@@ -44,7 +44,7 @@ from torch.distributed.checkpoint.state_dict_saver import async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.tensor import DTensor
 
-from paratrain.checkpoint.dcp_io import RecordingWriter
+from paratrain.checkpoint.dcp_io import RecordingWriter, zip_crc_skipped
 from paratrain.checkpoint.durable_writes import fsync_dir, in_parallel, write_files_blocked
 from paratrain.checkpoint.manifest import (
     MANIFEST,
@@ -388,7 +388,8 @@ class CheckpointStore:
                 )
 
         if not background:
-            dcp_save(state, storage_writer=writer)
+            with zip_crc_skipped():  # the writer checksums every block; see zip_crc_skipped
+                dcp_save(state, storage_writer=writer)
             commit()
             return
         if distributed() and self._async_group is None:

@@ -273,15 +273,23 @@ class BlockDigests:
 
     def update(self, data: memoryview, /) -> None:
         """Feed the next bytes."""
-        pos = 0
-        while pos < data.nbytes:
-            take = min(self.block_bytes - self._filled, data.nbytes - pos)
-            self._digest.update(data[pos : pos + take])
-            self._filled += take
-            pos += take
-            if self._filled == self.block_bytes:
-                self._done.append(self._digest.intdigest())
-                self._digest, self._filled = xxhash.xxh3_64(), 0
+        size, end, pos = self.block_bytes, data.nbytes, 0
+        if self._filled:  # finish the block begun by an earlier piece
+            pos = min(size - self._filled, end)
+            self._digest.update(data[:pos])
+            self._filled += pos
+            if self._filled < size:
+                return
+            self._done.append(self._digest.intdigest())
+            self._digest.reset()
+            self._filled = 0
+        whole = pos + (end - pos) // size * size  # whole blocks: one call each, no hasher object
+        self._done.extend(
+            xxhash.xxh3_64_intdigest(data[at : at + size]) for at in range(pos, whole, size)
+        )
+        if whole < end:
+            self._digest.update(data[whole:])
+            self._filled = end - whole
 
     def digests(self) -> list[int]:
         """One checksum per block so far (the last one may be short)."""

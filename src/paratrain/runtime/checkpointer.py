@@ -40,6 +40,7 @@ from paratrain.errors import CheckpointError, ConfigError
 from paratrain.runtime import final_state
 from paratrain.runtime import save_restore as checkpoints
 from paratrain.runtime.accumulation import Windows
+from paratrain.runtime.collector_pause import collector_paused
 from paratrain.runtime.console import Console
 from paratrain.runtime.loop_state import LoopState
 from paratrain.runtime.precision import Precision
@@ -159,9 +160,10 @@ class Checkpointer:
             )
         for unit in p.tracked.units:
             p.strategy.sync_buffers(unit.module)
-        folder = checkpoints.save(
-            self._pieces(), self.store, self.identity, extras, background=p.config.async_save
-        )
+        with collector_paused():
+            folder = checkpoints.save(
+                self._pieces(), self.store, self.identity, extras, background=p.config.async_save
+            )
         self.last_extras = dict(extras or {})
         faults.emit("saved")
         return folder
@@ -184,9 +186,10 @@ class Checkpointer:
         self._resume_asked = True
         if p.rank == 0:
             checkpoints.clear_preempted(self.store)
-        resumed = checkpoints.resume(
-            self._pieces(), self.store, self.identity, say=p.console.print, warn=p.console.warn
-        )
+        with collector_paused():
+            resumed = checkpoints.resume(
+                self._pieces(), self.store, self.identity, say=p.console.print, warn=p.console.warn
+            )
         if resumed is not None:
             self.extras, self.resumed_from = resumed.extras, resumed.folder
             self.last_extras = resumed.extras
