@@ -20,6 +20,7 @@ from paratrain.checkpoint.manifest import Manifest, pack_digests
 from paratrain.checkpoint.verified_reads import SHARD_BLOCK_BYTES, BlockDigests
 from paratrain.errors import CheckpointDamagedError
 from tests.support.distributed import run_distributed
+from tests.support.saved import zip_crcs
 from tests.support.training import max_abs_diff, resume_saved, save_twice, saved_once
 
 
@@ -186,22 +187,6 @@ def test_a_manifest_without_its_checksum_file_still_reads(tmp_path: Path) -> Non
     assert Manifest.read(folder) == with_sum
 
 
-def _zip_crcs(folder: Path) -> list[int]:
-    """The CRC-32 recorded for every zip record of every item in a DCP folder."""
-    import io
-    import zipfile
-
-    from torch.distributed.checkpoint import FileSystemReader
-
-    crcs = []
-    for info in FileSystemReader(str(folder)).read_metadata().storage_data.values():
-        with (folder / info.relative_path).open("rb") as f:
-            f.seek(info.offset)
-            item = f.read(info.length)
-        crcs += [record.CRC for record in zipfile.ZipFile(io.BytesIO(item)).infolist()]
-    return crcs
-
-
 def test_inside_zip_crc_skipped_torch_save_writes_no_crc_and_the_setting_comes_back() -> None:
     import io
     import zipfile
@@ -231,7 +216,7 @@ def test_a_sharded_save_skips_the_zip_crc_and_plain_torch_still_loads_it(tmp_pat
 
     saved = run_distributed(save_twice, 2, str(tmp_path), "fsdp")[0]
     folder = sorted(tmp_path.glob("step-*"))[-1]
-    crcs = _zip_crcs(folder / "dcp")
+    crcs = zip_crcs(folder / "dcp")
     assert crcs and set(crcs) == {0}
     dcp_to_torch_save(folder / "dcp", tmp_path / "plain.pt")  # torch alone, no paratrain
     plain = torch.load(tmp_path / "plain.pt", weights_only=True)

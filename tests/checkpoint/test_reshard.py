@@ -21,6 +21,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from torch import nn
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 import paratrain as pt
 from paratrain.checkpoint.dcp_io import read_metadata
@@ -33,6 +34,7 @@ from paratrain.commands.cli import main
 from paratrain.errors import CheckpointError
 from tests.support.distributed import run_distributed
 from tests.support.peak_memory import command_peak_bytes
+from tests.support.saved import zip_crcs
 from tests.support.training import dataset, mlp
 
 SAVE_AT, MORE = 3, 3
@@ -215,6 +217,12 @@ def test_a_round_trip_through_fsdp_gives_back_every_byte(
             length = sizes_of[key].size[0]  # type: ignore[union-attr]
             assert (offsets[0], sizes[0]) == fsdp_rows(length, rank, 3), (key, file)
     assert {file for _, file in chunks.values()} == {f"__{r}_0.distcp" for r in range(3)}
+    assert set(zip_crcs(sharded / "dcp")) == {0}  # as in-job saves: the manifest covers each block
+    dcp_to_torch_save(sharded / "dcp", tmp_path / "plain.pt")  # torch alone reads it
+    plain = torch.load(tmp_path / "plain.pt", weights_only=True)["model"]
+    weights = load_file(str(saved / "model.safetensors"))
+    assert plain.keys() == weights.keys()
+    assert all(torch.equal(plain[k], weights[k]) for k in weights)
     assert _cli([str(sharded), str(tmp_path / "back"), "--to-layout", "single"], capsys)[0] == 0
     back = tmp_path / "back" / saved.name
     assert Manifest.read(back).trained is None

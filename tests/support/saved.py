@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import zipfile
+from pathlib import Path
 
 import torch
 
@@ -41,3 +43,16 @@ def in_buffer(data: bytes, lead: int, fill: int = 0xAB, tail: int = 9) -> torch.
     if data:
         buffer[lead : lead + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
     return buffer
+
+
+def zip_crcs(folder: Path) -> list[int]:
+    """The CRC-32 recorded for every zip record of every item in the DCP folder ``folder``."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    crcs = []
+    for info in FileSystemReader(str(folder)).read_metadata().storage_data.values():
+        with (folder / info.relative_path).open("rb") as f:
+            f.seek(info.offset)
+            item = f.read(info.length)
+        crcs += [record.CRC for record in zipfile.ZipFile(io.BytesIO(item)).infolist()]
+    return crcs

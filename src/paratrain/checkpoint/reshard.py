@@ -36,7 +36,12 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
-from paratrain.checkpoint.dcp_io import DcpTensors, RecordingWriter, read_metadata
+from paratrain.checkpoint.dcp_io import (
+    DcpTensors,
+    RecordingWriter,
+    read_metadata,
+    zip_crc_skipped,
+)
 from paratrain.checkpoint.dcp_writer import Ref, write_dcp
 from paratrain.checkpoint.manifest import MANIFEST, FileRecord, Manifest
 from paratrain.checkpoint.mapped_dcp import MappedDcp
@@ -447,7 +452,8 @@ def _write_dcp(
         tree[model_stem] = model
         if optim:
             tree[optim_stem] = optim
-    return write_dcp(folder, tree, world=world, sharded=_sharded(states), wrote=wrote)
+    with zip_crc_skipped():  # the manifest records a checksum of every block, as in a save
+        return write_dcp(folder, tree, world=world, sharded=_sharded(states), wrote=wrote)
 
 
 # -- the manifest -----------------------------------------------------------------------------
