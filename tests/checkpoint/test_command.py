@@ -206,3 +206,56 @@ def test_a_map_file_name_too_long_to_look_up_is_one_message(
     args = ["convert", str(files["dp"]), str(out), "--to", "pt", "--map", "a" * 400]
     code, _, err = _cli(args, capsys)
     assert code == 2 and "no such file" in " ".join(err.split()) and not out.exists()
+
+
+_SLOW_WRITER = """
+import sys, time
+import paratrain.checkpoint.streamed as streamed
+from paratrain.commands.cli import main
+
+def slowly(read):
+    def each(*args, **kwargs):
+        print("writing", flush=True)  # the parent stops the process now, mid-write
+        time.sleep(0.3)
+        return read(*args, **kwargs)
+    return each
+
+streamed.Source.read = slowly(streamed.Source.read)
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize(
+    "args,stop",
+    [
+        (["convert", "in.safetensors", "out.pt", "--to", "pt"], "SIGTERM"),
+        (["convert", "in.safetensors", "out", "--to", "dcp"], "SIGTERM"),
+        (["convert", "in.safetensors", "out", "--to", "hf", "--max-shard-size", "1KB"], "SIGTERM"),
+        (["reshard", "ckpts", "out", "--to-layout", "fsdp", "--world", "2"], "SIGTERM"),
+        (["convert", "in.safetensors", "out.pt", "--to", "pt"], "SIGINT"),
+    ],
+)
+def test_a_conversion_stopped_mid_write_leaves_nothing(
+    files: dict[str, Path], args: list[str], stop: str
+) -> None:
+    """kill (a scheduler's stop) or Ctrl-C while the output is being written: one line, exit
+    128 + the signal, and no output or staging folder left (SIGTERM used to leave .tmp-*)."""
+    import signal
+
+    tmp = files["tmp"]
+    save_file({f"t{i}": torch.full((64,), float(i)) for i in range(8)}, tmp / "in.safetensors")
+    child = subprocess.Popen(
+        [sys.executable, "-c", _SLOW_WRITER, "ckpt", *args],
+        cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")},
+    )  # fmt: skip
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == "writing"
+    child.send_signal(getattr(signal, stop))
+    _, err = child.communicate(timeout=60)
+    assert child.returncode == 128 + getattr(signal, stop), err
+    assert f"stopped by {stop}" in err and "nothing was left at" in err, err
+    assert "Traceback" not in err, err
+    left = {p.name for p in tmp.iterdir()} - {"in.safetensors", "dp.pth", "ckpts"}
+    assert not left, left
+    assert not [p for p in (tmp / "ckpts").iterdir() if p.name.startswith(".tmp")]

@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -228,7 +229,7 @@ def _convert(args: argparse.Namespace) -> int:
     mapping = Path(args.map) if args.map is not None else None
     if mapping is not None and not _is_file(mapping):
         raise CheckpointError(f"--map {args.map}: no such file. Give a .json or .py mapping file.")
-    with _progress_bar() as progress:
+    with _stopped_cleanly("ckpt convert", args.dst), _progress_bar() as progress:
         result = inspection.convert(
             args.src,
             args.dst,
@@ -251,6 +252,42 @@ def _is_file(path: Path) -> bool:
         return path.is_file()
     except OSError:
         return False
+
+
+class Stopped(BaseException):
+    """A stop signal during a write (a BaseException, as KeyboardInterrupt: no ``except
+    Exception`` on the way may take it for a failure to work around)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _stopped_cleanly(what: str, dst: str | Path) -> Iterator[None]:
+    """SIGTERM (``kill``, a scheduler ending the job) and Ctrl-C end a write the way a failed
+    one ends: the staging files are removed on the way out, nothing is left at ``dst``, and one
+    line says so (exit code 128 + the signal). Without this, SIGTERM killed the process where
+    it stood and left its ``.tmp-*`` staging beside the output."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise Stopped(signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    except (KeyboardInterrupt, Stopped) as err:
+        signum = err.signum if isinstance(err, Stopped) else signal.SIGINT
+        name = signal.Signals(signum).name
+        where = (
+            f"the upload to {dst} was not finished"
+            if is_url(str(dst))
+            else f"nothing was left at {dst}"
+        )
+        print(f"paratrain: {what} stopped by {name}; {where}.", file=sys.stderr)
+        raise SystemExit(128 + signum) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager
@@ -292,7 +329,7 @@ def _reshard(args: argparse.Namespace) -> int:
                 "that will resume from the output."
             )
         world = 1
-    with _progress_bar() as progress:
+    with _stopped_cleanly("ckpt reshard", args.dst), _progress_bar() as progress:
         result = reshard(args.src, args.dst, layout=args.to_layout, world=world, progress=progress)
     line = (
         f"wrote {result['path']} ({result['to']}, step {result['step']}, {result['tensors']} "
