@@ -207,6 +207,52 @@ def test_inside_zip_crc_skipped_torch_save_writes_no_crc_and_the_setting_comes_b
     assert torch.serialization.get_crc32_options() is True
 
 
+def test_zip_crc_skipped_leaves_other_threads_their_crcs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The script's own torch.save in another thread keeps its CRCs meanwhile; where torch's
+    setting is process-wide (older releases), nothing is skipped at all."""
+    import io
+    import threading
+    import zipfile
+
+    from paratrain.checkpoint import dcp_io
+
+    def crcs() -> list[int]:
+        buffer = io.BytesIO()
+        torch.save({"w": torch.arange(100.0)}, buffer)
+        return [r.CRC for r in zipfile.ZipFile(buffer).infolist()]
+
+    other: list[list[int]] = []
+    with dcp_io.zip_crc_skipped():
+        thread = threading.Thread(target=lambda: other.append(crcs()))
+        thread.start()
+        thread.join()
+        assert set(crcs()) == {0}
+    assert other and all(crc != 0 for crc in other[0])
+    monkeypatch.setattr(dcp_io, "_crc_option_per_thread", lambda: False)
+    with dcp_io.zip_crc_skipped():
+        assert all(crc != 0 for crc in crcs())
+
+
+def test_a_torch_save_file_written_without_crcs_loads_and_verifies(tmp_path: Path) -> None:
+    """torch records 0 for a CRC it did not compute (set_crc32_options(False)); such a file
+    is read as torch reads it, while a real CRC that fails is still refused."""
+    from paratrain.checkpoint.dcp_io import zip_crc_skipped
+    from paratrain.checkpoint.loading import read_state_dict
+    from paratrain.errors import CheckpointError
+
+    state = {"w": torch.arange(1000.0)}
+    with zip_crc_skipped():
+        torch.save(state, tmp_path / "no-crc.pt")
+    back, _ = read_state_dict(tmp_path / "no-crc.pt")
+    assert torch.equal(back["w"], state["w"])
+    torch.save(state, tmp_path / "crc.pt")
+    raw = bytearray((tmp_path / "crc.pt").read_bytes())
+    raw[raw.find(state["w"].numpy().tobytes()[400:420]) + 3] ^= 0x01
+    (tmp_path / "crc.pt").write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match="fails its CRC check"):
+        read_state_dict(tmp_path / "crc.pt")
+
+
 @pytest.mark.dist
 def test_a_sharded_save_skips_the_zip_crc_and_plain_torch_still_loads_it(tmp_path: Path) -> None:
     """The block checksums cover every byte, so the zip CRC-32 pass (a second hash of the same

@@ -185,6 +185,42 @@ def test_ckpt_commands_and_load_weights_read_urls(
     assert "Traceback" not in out
 
 
+def test_ckpt_reshard_reads_and_writes_urls(
+    s3: Bucket, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run's checkpoint folder on S3 (its newest intact checkpoint; the newest is damaged
+    here) resharded to FSDP at 2 ranks into another S3 folder, uploaded manifest last; a run
+    resumes from that URL, and it reshards back to one process bit for bit."""
+    url = s3.url("src")
+    weights = _save_steps(url, tmp_path / "a", 2, keep_last=None)
+    s3.flip_byte("src/step-00000002/model.safetensors", -3)
+    args = ["reshard", url, s3.url("fsdp"), "--to-layout", "fsdp", "--world", "2"]
+    code, out, err = _cli(args, capsys)
+    assert code == 0, err
+    assert f"wrote {s3.url('fsdp')}/step-00000001 (fsdp at 2 rank(s), step 1" in out, out
+    keys = s3.keys("fsdp/step-00000001")
+    assert {f"fsdp/step-00000001/dcp/__{r}_0.distcp" for r in (0, 1)} <= set(keys)
+    assert "fsdp/step-00000001/manifest.json" in keys
+    with pt.Run(strategy="cpu", progress=False, ckpt_dir=s3.url("fsdp"), run_dir=tmp_path / "b"
+                ) as run:  # fmt: skip
+        net = mlp()
+        run.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
+        run.resume()
+        assert run.global_step == 1
+    assert all(torch.equal(weights[1][k], v) for k, v in net.state_dict().items())
+    code, out, err = _cli(args, capsys)  # never over an existing checkpoint
+    assert code == 2 and "already exists" in " ".join(err.split()), err
+    code, out, err = _cli(["reshard", f"{s3.url('fsdp')}/step-00000001", str(tmp_path / "back"),
+                           "--to-layout", "single"], capsys)  # fmt: skip
+    assert code == 0, err
+    model = mlp()
+    assert pt.load_weights(model, str(tmp_path / "back" / "step-00000001")).keys == 6
+    assert all(torch.equal(weights[1][k], v) for k, v in model.state_dict().items())
+    code, out, err = _cli(["reshard", s3.url("nothing-here"), str(tmp_path / "x"),
+                           "--to-layout", "single"], capsys)  # fmt: skip
+    assert code == 2 and "does not exist" in err and "Traceback" not in err, err
+
+
 def test_async_save_uploads_in_the_background(
     s3: Bucket, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

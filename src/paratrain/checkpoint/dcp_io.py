@@ -14,10 +14,12 @@ folder; :class:`SafePlanner` loads values with ``weights_only=True``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import math
 import os
 import pickle
+import threading
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -627,23 +629,28 @@ class _RecordingFileSystem(FileSystem):
 
 @contextlib.contextmanager
 def zip_crc_skipped() -> Iterator[None]:
-    """``torch.save`` inside the block writes 0 for each record's zip CRC-32 instead of
-    computing it (``torch.serialization.set_crc32_options``), then the previous setting is back.
+    """``torch.save`` called by this thread inside the block writes 0 for each record's zip
+    CRC-32 instead of computing it (``torch.serialization.set_crc32_options``); the previous
+    setting is back afterwards.
 
     with zip_crc_skipped():
         dcp.save(state, storage_writer=RecordingWriter(folder))
 
     For the files of a sharded save, which :class:`RecordingWriter` checksums per block as it
     writes them: the CRC pass is a second hash of every byte (0.06 s of 0.31 s for 512 MiB in
-    one process on a 2-core VM), and nothing reads it: ``torch.load`` does not check it (a flipped
-    byte loads silently), a ``.distcp`` file is many archives end to end that no unzip tool
-    opens, and paratrain checks every block against the manifest before using it. The setting
-    is process-wide, so only blocking saves use this: a background save keeps the CRCs rather
-    than drop them from files the training thread may save meanwhile.
+    one process on a 2-core VM), and nothing needs it: ``torch.load`` does not check it (a
+    flipped byte loads silently), a ``.distcp`` file is many archives end to end that no unzip
+    tool opens, and paratrain checks every block against the manifest before using it.
+
+    Only where the setting belongs to the calling thread (torch keeps it in a context variable
+    in recent releases): where it is process-wide, another thread's ``torch.save`` meanwhile
+    (the script's own files) would lose its CRCs, so the CRCs are computed as before. DCP
+    writes in the calling thread unless told to use more (``thread_count``), so the skip covers
+    a blocking save; an asynchronous one writes in a thread of its own and keeps the CRCs.
     """
     get = getattr(torch.serialization, "get_crc32_options", None)
     set_ = getattr(torch.serialization, "set_crc32_options", None)
-    if get is None or set_ is None:  # torch before 2.6 always computes them
+    if get is None or set_ is None or not _crc_option_per_thread():
         yield
         return
     before = get()
@@ -652,6 +659,31 @@ def zip_crc_skipped() -> Iterator[None]:
         yield
     finally:
         set_(before)
+
+
+@functools.cache
+def _crc_option_per_thread() -> bool:
+    """Whether ``set_crc32_options`` in one thread leaves the others' setting alone: a thread
+    of its own changes it, and this one looks (where it is process-wide, the change lasts
+    the few microseconds until that thread puts it back)."""
+    changed = threading.Event()
+    looked = threading.Event()
+
+    def change() -> None:
+        before = torch.serialization.get_crc32_options()
+        torch.serialization.set_crc32_options(not before)
+        changed.set()
+        looked.wait()
+        torch.serialization.set_crc32_options(before)
+
+    probe = threading.Thread(target=change, name="paratrain-crc-probe")
+    mine = torch.serialization.get_crc32_options()
+    probe.start()
+    changed.wait()
+    unchanged = torch.serialization.get_crc32_options() == mine
+    looked.set()
+    probe.join()
+    return unchanged
 
 
 class RecordingWriter(FileSystemWriter):

@@ -69,7 +69,7 @@ def _checkpoints_in(path: Path) -> list[Path]:
     return sorted((p for p in path.glob(f"{PREFIX}*") if p.is_dir()), reverse=True)
 
 
-def _remote_checkpoints_in(url: str) -> list[str]:
+def remote_checkpoints_in(url: str) -> list[str]:
     """URLs of the ``step-*`` folders at ``url``, newest name first ([]: not such a folder)."""
     storage = open_storage(url, what="The checkpoint URL", error=CheckpointError)
     objects = storage.list()
@@ -87,7 +87,7 @@ def inspect(path: str | Path, *, trust: bool = False) -> dict[str, Any]:
     require_bool("trust", trust)
     folders: list[str] | list[Path]
     if is_url(path):
-        folders = _remote_checkpoints_in(str(path))
+        folders = remote_checkpoints_in(str(path))
         if not folders:
             with fetched(str(path)) as local:
                 return relabel(inspect(local, trust=trust), local, str(path).rstrip("/"))
@@ -206,7 +206,7 @@ def verify(path: str | Path) -> tuple[bool, list[str]]:
     """Check checksums (paratrain checkpoints) or read everything (other formats)."""
     folders: list[str] | list[Path]
     if is_url(path):
-        folders = _remote_checkpoints_in(str(path))
+        folders = remote_checkpoints_in(str(path))
         if not folders:
             with fetched(str(path)) as local:
                 ok, lines = verify(local)

@@ -280,9 +280,10 @@ class Checkpointer:
         synchronously (collective); the launcher is told (``PARATRAIN_REPORT``)."""
         p = self.parts
         self.store.wait()
-        folder = checkpoints.save(
-            self._pieces(), self.store, self.identity, self.last_extras, background=False
-        )
+        with collector_paused():
+            folder = checkpoints.save(
+                self._pieces(), self.store, self.identity, self.last_extras, background=False
+            )
         faults.emit("saved")
         if p.rank == 0:
             checkpoints.mark_preempted(self.store, folder)

@@ -78,12 +78,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         actions, "reshard", "rewrite a whole training state for another layout or world size"
     )
     p.add_argument(
-        "src", type=Path, metavar="CKPT", help="a checkpoint folder, or a run's checkpoint folder "
-        "(its newest intact checkpoint)",
+        "src", type=location, metavar="CKPT", help="a checkpoint folder, or a run's checkpoint "
+        "folder (its newest intact checkpoint); a URL (s3://...) too",
     )  # fmt: skip
     p.add_argument(
-        "dst", type=Path, metavar="OUT", help="the checkpoint folder to write into (a run with "
-        "ckpt_dir=OUT resumes from it)",
+        "dst", type=location, metavar="OUT", help="the checkpoint folder to write into (a run with "
+        "ckpt_dir=OUT resumes from it); a URL (s3://...) too: uploaded, manifest last",
     )  # fmt: skip
     p.add_argument(
         "--to-layout", required=True, choices=("fsdp", "ddp", "single"),
@@ -319,7 +319,7 @@ def _ranks(text: str) -> int:
 
 
 def _reshard(args: argparse.Namespace) -> int:
-    from paratrain.checkpoint.reshard import reshard
+    from paratrain.checkpoint.reshard_urls import reshard_urls
 
     world = args.world
     if world is None:
@@ -330,7 +330,9 @@ def _reshard(args: argparse.Namespace) -> int:
             )
         world = 1
     with _stopped_cleanly("ckpt reshard", args.dst), _progress_bar() as progress:
-        result = reshard(args.src, args.dst, layout=args.to_layout, world=world, progress=progress)
+        result = reshard_urls(
+            args.src, args.dst, layout=args.to_layout, world=world, progress=progress
+        )
     line = (
         f"wrote {result['path']} ({result['to']}, step {result['step']}, {result['tensors']} "
         f"tensors, {_size(result['bytes'])}, from {result['from']})"
