@@ -259,3 +259,18 @@ def test_a_conversion_stopped_mid_write_leaves_nothing(
     left = {p.name for p in tmp.iterdir()} - {"in.safetensors", "dp.pth", "ckpts"}
     assert not left, left
     assert not [p for p in (tmp / "ckpts").iterdir() if p.name.startswith(".tmp")]
+
+
+def test_one_shard_file_of_a_dcp_folder_is_named_as_such(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A .distcp file alone is not a checkpoint (its tensors are found through .metadata): the
+    message says which folder to give, instead of calling a healthy file corrupt."""
+    out = files["tmp"] / "out-dcp"
+    assert _cli(["convert", str(files["dp"]), str(out), "--to", "dcp"], capsys)[0] == 0
+    shard = out / "__0_0.distcp"
+    for action in ("inspect", "verify"):
+        code, text, err = _cli([action, str(shard)], capsys)
+        said = " ".join((text + err).split())
+        assert code in (1, 2) and "one rank's file of a DCP (sharded) checkpoint" in said, said
+        assert f"Give the folder ({out})" in said and "corrupt" not in said, said

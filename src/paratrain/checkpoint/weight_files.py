@@ -39,6 +39,12 @@ def read_weights_file(
     """The tensors of the weights file ``path`` and the name of its format. ``lazy``: the
     tensors of a torch.save zip file are mapped from the file (``torch.load(mmap=True)``), read
     as they are used; its records' CRCs are checked first, in one pass."""
+    if path.suffix == ".distcp":  # many torch.save archives end to end, read only by offset
+        raise CheckpointError(
+            f"{path} is one rank's file of a DCP (sharded) checkpoint, not a checkpoint of its "
+            f"own: its tensors are found through the folder's .metadata. Give the folder "
+            f"({path.parent}) or the paratrain checkpoint folder that holds it."
+        )
     try:
         size = path.stat().st_size
         with path.open("rb") as f:
