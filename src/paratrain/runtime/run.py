@@ -44,7 +44,6 @@ from paratrain.profiling.step_profiler import Profile, StepProfiler, as_profile,
 from paratrain.runtime import oom
 from paratrain.runtime.accumulation import Windows
 from paratrain.runtime.checkpointer import Checkpointer, RunParts
-from paratrain.runtime.collector_pause import collector_paused
 from paratrain.runtime.loop_hooks import LoopHooks, LoopParts
 from paratrain.runtime.loop_state import LoopState
 from paratrain.runtime.model_setup import (
@@ -498,10 +497,9 @@ class Run(RunBase):
     ) -> Path | None:
         """Checkpoint everything registered (collective: every rank calls it). ``model``,
         ``optimizer``, ``scheduler`` are registered first if new. Returns the folder."""
-        with collector_paused():
-            self._hooks.loop_action(saving=True)
-            self._register(model, optimizer, scheduler)
-            return self._checkpoints.save(extras)
+        self._hooks.loop_action(saving=True)
+        self._register(model, optimizer, scheduler)
+        return self._checkpoints.save(extras)
 
     def _register(self, model: Any, optimizer: Any, scheduler: Any) -> None:
         if model is not None and not any(u.module is model for u in self.tracked.units):
@@ -527,10 +525,9 @@ class Run(RunBase):
         the saved global batch by changing grad_accum, False keeps grad_accum and reports the
         new global batch; None (the default) keeps it in a restarted worker (an elastic job
         that lost or gained a node) and reports it otherwise."""
-        with collector_paused():
-            self._register(model, optimizer, scheduler)
-            keep = self.restart_count > 0 if keep_global_batch is None else keep_global_batch
-            return self._checkpoints.resume(keep_global_batch=keep)
+        self._register(model, optimizer, scheduler)
+        keep = self.restart_count > 0 if keep_global_batch is None else keep_global_batch
+        return self._checkpoints.resume(keep_global_batch=keep)
 
     def latest_checkpoint(self) -> CheckpointInfo | None:
         """The newest valid checkpoint's step, epoch, manifest and extras, readable before
