@@ -9,7 +9,9 @@ thousands of short-lived objects (plans, write items, block checksums, the manif
 start one in the middle of it, and every rank then waits for the slowest. With the collector
 paused, what the save makes and drops is freed by reference counting as usual and never reaches
 an older generation, so the work is avoided, not moved to the next training step. The state the
-caller left (enabled, or disabled on purpose) is restored afterwards.
+caller left (enabled, or disabled on purpose) is restored afterwards. The setting is the
+process's: another thread that calls ``gc.disable()`` while a save runs finds it disabled
+already, and the save's end enables it again (that thread can disable it after the save).
 """
 
 from __future__ import annotations
